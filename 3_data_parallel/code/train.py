@@ -1,0 +1,411 @@
+"""Lab 3: synchronous data-parallel training of a small CNN on MNIST with PyTorch DDP.
+
+Every rank holds a full copy of the model and trains on its own shard of each epoch
+(DistributedSampler). After each backward pass, DistributedDataParallel all-reduces the
+gradients, so every rank applies the same averaged update and the copies stay identical.
+
+Run it (from the lab folder):
+
+    python code/train.py                              # one process, no launcher needed
+    torchrun --nproc-per-node 2 code/train.py         # 2 ranks on this machine
+    torchrun --nnodes 2 --node-rank R --master-addr A --master-port P \\
+        --nproc-per-node 1 code/train.py              # one node of a 2-node job
+    python -m workshop run data_parallel --hosts 2    # 2 simulated SageMaker hosts
+    # On SageMaker, SDK v3's Torchrun() runs `torchrun --nnodes=... train.py --epochs ...`
+    # on every host (see the lab's notebook).
+
+Inputs follow the SageMaker training contract: hyperparameters as flags, data in the
+`train` and `test` channels (SM_CHANNEL_TRAIN, SM_CHANNEL_TEST: `mnist.npz` with `images`
+and `labels`), the model to SM_MODEL_DIR, checkpoints to SM_CHECKPOINT_DIR. Each has a
+local default so the script runs with no SageMaker around it. Ranks come from the
+launcher (RANK, WORLD_SIZE, LOCAL_RANK, ...); without one it is a world of one.
+
+The lines that make it distributed are marked `# DDP:`.
+Metric lines (`METRICS rank=0 epoch=1 ... test_accuracy=0.97`) are what SageMaker's
+metric definitions and the workshop's local log parser read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+# smddp, SageMaker's data-parallel library, runs only on these instance types, and ships
+# only in the PyTorch 2.5 and model-parallel training images.
+# https://docs.aws.amazon.com/sagemaker/latest/dg/distributed-data-parallel-support.html
+SMDDP_INSTANCE_TYPES = (
+    "ml.p4d.24xlarge",
+    "ml.p4de.24xlarge",
+    "ml.p5.48xlarge",
+    "ml.p5e.48xlarge",
+    "ml.p5en.48xlarge",
+)
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+
+
+def str2bool(text: str) -> bool:
+    """SageMaker passes every hyperparameter as text, so booleans arrive as 'true'/'false'."""
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        description="Data-parallel (DDP) training of a CNN on MNIST; SageMaker contract.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("hyperparameters")
+    g.add_argument("--epochs", type=int, default=5, help="passes over the training set")
+    g.add_argument(
+        "--batch-size", type=int, default=64,
+        help="samples per step on each rank (the global batch is this times the world size)",
+    )
+    g.add_argument(
+        "--lr", type=float, default=0.02,
+        help="SGD learning rate for one rank; multiplied by the world size when --scale-lr",
+    )
+    g.add_argument(
+        "--scale-lr", type=str2bool, default=True,
+        help="linear scaling rule: lr x world size, since the global batch grows with it",
+    )
+    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    g.add_argument("--seed", type=int, default=1, help="seed for weights and shuffling")
+    g.add_argument(
+        "--backend", choices=("auto", "gloo", "nccl", "smddp"), default="auto",
+        help="process-group backend; auto: smddp where SageMaker supports it, nccl on other GPUs, gloo on CPU",
+    )
+    g.add_argument("--log-interval", type=int, default=20, help="steps between train-loss lines")
+    g.add_argument(
+        "--max-steps", type=int, default=0,
+        help="stop each epoch after this many steps (0: the whole epoch); for quick runs",
+    )
+    g.add_argument(
+        "--threads", type=int, default=0,
+        help="CPU threads per rank (0: this host's CPUs divided by its ranks, so ranks do not fight for cores)",
+    )
+    d = p.add_argument_group("SageMaker contract (defaults from SM_* variables)")
+    d.add_argument("--train", default=env("SM_CHANNEL_TRAIN", "data/mnist/train"), help="train channel")
+    d.add_argument("--test", default=env("SM_CHANNEL_TEST", "data/mnist/test"), help="test channel")
+    d.add_argument("--model-dir", default=env("SM_MODEL_DIR", "artifacts/model"), help="where rank 0 writes the model")
+    d.add_argument(
+        "--checkpoint-dir", default=env("SM_CHECKPOINT_DIR", "artifacts/checkpoints"),
+        help="checkpoint each epoch here; resume from it when it holds one",
+    )
+    return p
+
+
+def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int | None = None) -> None:
+    """Checks the workshop also runs before it starts any process or job (raises ValueError)."""
+    problems = []
+    for name in ("epochs", "batch_size", "log_interval"):
+        if getattr(args, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.lr <= 0:
+        problems.append(f"--lr must be positive, got {args.lr}")
+    if args.max_steps < 0 or args.threads < 0:
+        problems.append("--max-steps and --threads must be 0 or more")
+    if world_size < 1:
+        problems.append(f"the world size must be at least 1, got {world_size}")
+    if train_samples is not None and train_samples // world_size < args.batch_size:
+        problems.append(
+            f"each of the {world_size} ranks gets {train_samples // world_size} training samples, fewer "
+            f"than one --batch-size of {args.batch_size} (the batch size is per rank): use a smaller "
+            "--batch-size or fewer processes"
+        )
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+# ----------------------------------------------------------------------------- model, data
+
+
+class Net(nn.Module):
+    """Two conv blocks and two dense layers: ~0.42M parameters, >97% on full MNIST."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, 10)
+        self.dropout = nn.Dropout(0.25)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = self.dropout(F.relu(self.fc1(torch.flatten(x, 1))))
+        return self.fc2(x)
+
+
+def load_channel(channel_dir: str, name: str) -> TensorDataset:
+    path = Path(channel_dir) / "mnist.npz"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"The {name!r} channel has no {path.name} at {path}. Fix: prepare the data with "
+            f"`python -m workshop.data mnist DIR` and pass --{name} DIR/{name} (locally), or give the "
+            f"job a {name!r} input channel (SageMaker)."
+        )
+    with np.load(path) as data:
+        images, labels = data["images"], data["labels"]
+    x = (torch.from_numpy(images).float().div_(255.0).sub_(MNIST_MEAN).div_(MNIST_STD)).unsqueeze(1)
+    return TensorDataset(x, torch.from_numpy(labels).long())
+
+
+# ----------------------------------------------------------------------------- distributed
+
+
+def distributed_env() -> tuple[int, int, int, int]:
+    """(rank, world_size, local_rank, local_world_size) as the launcher set them.
+
+    torchrun sets these; a plain `python train.py` sets none and is a world of one.
+    """
+    env = os.environ
+    return (
+        int(env.get("RANK", 0)),
+        int(env.get("WORLD_SIZE", 1)),
+        int(env.get("LOCAL_RANK", 0)),
+        int(env.get("LOCAL_WORLD_SIZE", 1)),
+    )
+
+
+def choose_backend(requested: str, cuda: bool) -> tuple[str, str]:
+    """The process-group backend and a sentence saying why it was chosen."""
+    instance = os.environ.get("SM_CURRENT_INSTANCE_TYPE", "")
+    smddp_here = instance in SMDDP_INSTANCE_TYPES
+    if requested in ("auto", "smddp") and cuda and smddp_here:
+        try:
+            import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401  (registers "smddp")
+
+            return "smddp", f"smddp: SageMaker's data-parallel library is installed and {instance} supports it"
+        except ImportError as exc:
+            if requested == "smddp":
+                raise RuntimeError(
+                    "--backend smddp, but the smdistributed.dataparallel library is not installed. "
+                    "Fix: use the SageMaker PyTorch 2.5 training image (or the model-parallel image), "
+                    "or --backend auto."
+                ) from exc
+    if requested == "smddp":
+        where = instance or "this machine (not a SageMaker instance)"
+        raise RuntimeError(
+            f"--backend smddp is supported only on GPU instances {', '.join(SMDDP_INSTANCE_TYPES)}; "
+            f"this is {where}{'' if cuda else ' with no GPU'}. Fix: --backend auto (nccl on GPUs, gloo on CPU)."
+        )
+    if requested == "nccl" and not cuda:
+        raise RuntimeError("--backend nccl needs CUDA GPUs and none is visible. Fix: --backend auto or gloo.")
+    if requested in ("nccl", "gloo"):
+        return requested, f"{requested}: asked for with --backend"
+    if cuda:
+        reason = f"{instance} is not a smddp instance type" if instance else "not on a smddp instance type"
+        return "nccl", f"nccl: GPUs are visible and {reason}"
+    return "gloo", "gloo: no GPU is visible, and gloo is PyTorch's CPU backend"
+
+
+def weights_digest(model: nn.Module) -> str:
+    """A short hash of every parameter's bytes: equal on every rank iff the weights are."""
+    h = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def metrics(**values) -> None:
+    """One metric line; see the module docstring for the format."""
+    parts = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+    print(f"METRICS {parts}", flush=True)
+
+
+def save_atomic(obj, path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def evaluate(model, dataset, rank, world_size, device, batch_size=1000):
+    """Exact test loss and accuracy over the whole test set.
+
+    Each rank scores every world_size-th sample (no padding, unlike DistributedSampler's
+    default), then the sums are all-reduced, so the numbers match a single-process run.
+    """
+    model.eval()
+    indices = list(range(rank, len(dataset), world_size))
+    loader = DataLoader(torch.utils.data.Subset(dataset, indices), batch_size=batch_size)
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    with torch.no_grad():
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            out = model(x)
+            totals[0] += F.cross_entropy(out, y, reduction="sum").item()
+            totals[1] += (out.argmax(1) == y).sum().item()
+            totals[2] += len(y)
+    if world_size > 1:
+        dist.all_reduce(totals)  # DDP: sum the per-rank counts into global ones
+    model.train()
+    return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    rank, world_size, local_rank, local_world_size = distributed_env()
+
+    cpus = int(os.environ.get("SM_NUM_CPUS", os.cpu_count() or 1))
+    threads = args.threads or max(1, cpus // local_world_size)
+    torch.set_num_threads(threads)
+    torch.manual_seed(args.seed)
+
+    # Read the data before joining the process group, so a missing channel fails every
+    # rank at once with its own message rather than leaving peers waiting in a collective.
+    train_set = load_channel(args.train, "train")
+    test_set = load_channel(args.test, "test")
+    check_args(args, world_size, train_samples=len(train_set))
+
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")  # the launcher's LOCAL_RANK, never the global rank
+    if cuda:
+        torch.cuda.set_device(device)
+    backend, why = choose_backend(args.backend, cuda)
+    distributed = world_size > 1
+    if distributed:
+        # DDP: join the process group; torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT say how.
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+
+    lr = args.lr * world_size if args.scale_lr else args.lr
+    config = {
+        "args": vars(args),
+        "world_size": world_size,
+        "backend": backend,
+        "backend_reason": why,
+        "device": str(device),
+        "threads_per_rank": threads,
+        "global_batch_size": args.batch_size * world_size,
+        "effective_lr": lr,
+        "train_samples": len(train_set),
+        "test_samples": len(test_set),
+        "host": os.environ.get("SM_CURRENT_HOST", platform.node()),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    if rank == 0:
+        print(f"Backend {why}.", flush=True)
+        print(
+            f"World size {world_size}: global batch {args.batch_size} x {world_size} = "
+            f"{args.batch_size * world_size}; learning rate "
+            + (f"{args.lr} x {world_size} = {lr:g} (linear scaling rule)" if args.scale_lr else f"{lr:g} (not scaled)"),
+            flush=True,
+        )
+        print("Configuration: " + json.dumps(config, sort_keys=True), flush=True)
+
+    model = Net().to(device)
+    if distributed:
+        # DDP: wrap the model; construction broadcasts rank 0's weights to every rank, and
+        # backward() all-reduces (averages) the gradients, bucket by bucket, overlapped with compute.
+        model = DDP(model, device_ids=[local_rank] if cuda else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
+
+    # DDP: each rank draws a disjoint 1/world_size shard of every (reshuffled) epoch.
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+
+    start_epoch = 1
+    ckpt_path = Path(args.checkpoint_dir) / "checkpoint.pt"
+    state = [None]
+    if rank == 0 and ckpt_path.is_file():
+        state = [torch.load(ckpt_path, map_location="cpu", weights_only=False)]
+    if distributed:
+        # DDP: rank 0's checkpoint reaches every rank, whichever hosts have the file.
+        dist.broadcast_object_list(state, src=0)
+    if state[0] is not None:
+        unwrap(model).load_state_dict(state[0]["model"])
+        optimizer.load_state_dict(state[0]["optimizer"])
+        start_epoch = state[0]["epoch"] + 1
+        if rank == 0:
+            print(f"Resumed from {ckpt_path} after epoch {state[0]['epoch']}.", flush=True)
+
+    step = (start_epoch - 1) * len(loader)
+    test_loss = test_acc = float("nan")
+    for epoch in range(start_epoch, args.epochs + 1):
+        sampler.set_epoch(epoch)  # DDP: a new shuffle each epoch, the same on every rank
+        model.train()
+        t0 = time.perf_counter()
+        seen = 0
+        for i, (x, y) in enumerate(loader, 1):
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()  # DDP: gradients are all-reduced here
+            optimizer.step()
+            step += 1
+            seen += len(y)
+            if i % args.log_interval == 0:
+                metrics(rank=rank, epoch=epoch, step=step, train_loss=loss.item())
+            if args.max_steps and i >= args.max_steps:
+                break
+        epoch_time = time.perf_counter() - t0
+        test_loss, test_acc = evaluate(model, test_set, rank, world_size, device)
+        if rank == 0:
+            metrics(
+                rank=0, epoch=epoch, step=step, test_loss=test_loss, test_accuracy=test_acc,
+                epoch_time_s=epoch_time, samples_per_sec=seen * world_size / epoch_time,
+            )
+            Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            save_atomic(
+                {"epoch": epoch, "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict()},
+                ckpt_path,
+            )
+
+    if start_epoch > args.epochs:  # resumed a finished run: report the model as it is
+        test_loss, test_acc = evaluate(model, test_set, rank, world_size, device)
+
+    digest = weights_digest(unwrap(model))
+    metrics(rank=rank, weights_sha256=digest)
+    if distributed:
+        digests = [None] * world_size
+        dist.all_gather_object(digests, digest)  # DDP: compare every rank's copy of the weights
+        identical = len(set(digests)) == 1
+    else:
+        identical = True
+    if rank == 0:
+        metrics(rank=0, final_test_accuracy=test_acc, final_test_loss=test_loss, weights_identical=int(identical))
+        model_dir = Path(args.model_dir)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(unwrap(model).state_dict(), model_dir / "model.pt")
+        (model_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        print(f"Saved the model and its configuration to {model_dir}.", flush=True)
+
+    if distributed:
+        # DDP: leave in step. A gloo group destroyed while a peer is already gone aborts
+        # that rank at exit (SIGABRT), which a launcher reports as a failed job.
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, DDP) else model
+
+
+if __name__ == "__main__":
+    sys.exit(main())

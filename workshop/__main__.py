@@ -1,0 +1,145 @@
+"""The workshop's command line.
+
+    python -m workshop labs
+    python -m workshop run LAB [--hosts N] [--procs-per-host P] [--mode local|sagemaker]
+                               [--dry-run] [--hp KEY=VALUE ...]
+    python -m workshop run all            # every lab, locally, then a summary table
+
+`run all` in local mode is the workshop's main job (`make workshop`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from workshop.errors import WorkshopError
+from workshop.labs import LABS, Lab, get_lab
+
+
+def parse_hp(items: list[str]) -> dict[str, Any]:
+    """`["epochs=3", "lr=0.1"]` -> `{"epochs": 3, "lr": 0.1}` (JSON where it parses, else text)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise WorkshopError(f"--hp {item!r} is not KEY=VALUE.", "write it like --hp epochs=3.")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m workshop", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("labs", help="list the labs and their defaults")
+    run = sub.add_parser("run", help="run a lab (or all) headless", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    run.add_argument("lab", help="lab key, folder or number (see `labs`), or 'all'")
+    run.add_argument("--hosts", type=int, default=None, help="hosts (SageMaker instances); default: the lab's")
+    run.add_argument("--procs-per-host", type=int, default=None, help="processes per host; default: the lab's")
+    run.add_argument("--mode", choices=("local", "sagemaker"), default="local", help="where to run")
+    run.add_argument("--dry-run", action="store_true", help="sagemaker mode: print the CreateTrainingJob request, start nothing")
+    run.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE", help="a hyperparameter (repeatable)")
+    run.add_argument("--data-dir", default=None, help="MNIST channel folder (default: data/mnist)")
+    run.add_argument("--instance-type", default=None, help="sagemaker mode: instance type; default: the lab's")
+    run.add_argument("--role", default=None, help="sagemaker mode: execution role ARN (or set WORKSHOP_ROLE_ARN)")
+    run.add_argument("--region", default=None, help="sagemaker mode: AWS region (default: your AWS config's)")
+    return parser
+
+
+def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
+    if args.mode == "local":
+        if args.dry_run:
+            raise WorkshopError("--dry-run applies to --mode sagemaker.", "drop --dry-run, or add --mode sagemaker.")
+        from workshop.runner import run_local
+
+        return run_local(
+            lab, hosts=args.hosts, procs_per_host=args.procs_per_host, hyperparameters=hps, data_dir=args.data_dir
+        )
+    from workshop.runner import DEFAULT_DATA_DIR
+    from workshop.sagemaker_jobs import run_lab_on_sagemaker
+
+    defaults = lab.sagemaker
+    return run_lab_on_sagemaker(
+        lab,
+        hosts=args.hosts or defaults.instance_count,
+        procs_per_host=args.procs_per_host or defaults.procs_per_host,
+        hyperparameters=hps,
+        data_dir=args.data_dir or DEFAULT_DATA_DIR,
+        instance_type=args.instance_type,
+        dry_run=args.dry_run,
+        role=args.role,
+        region=args.region,
+    )
+
+
+def summary_table(rows: list[dict[str, Any]]) -> str:
+    headers = ["lab", "strategy", "hosts x procs", "test accuracy", "wall time", "status"]
+    body = [
+        [
+            r["lab"],
+            r["strategy"],
+            r["layout"],
+            "-" if r["accuracy"] is None else f"{r['accuracy']:.4f}",
+            f"{r['wall_s']:.1f} s",
+            r["status"],
+        ]
+        for r in rows
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *body, strict=True)]
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
+    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, body)])
+
+
+def run_all(args: argparse.Namespace, hps: dict[str, Any]) -> int:
+    if args.mode != "local":
+        raise WorkshopError("`run all` runs every lab locally.", "run one lab at a time with --mode sagemaker.")
+    rows, failed = [], 0
+    for lab in LABS.values():
+        print(f"\n=== {lab.folder}: {lab.title} ===", flush=True)
+        t0 = time.monotonic()
+        hosts = args.hosts or lab.local_hosts
+        procs = args.procs_per_host or lab.local_procs_per_host
+        row = {"lab": lab.folder, "strategy": lab.strategy, "layout": f"{hosts} x {procs}", "accuracy": None}
+        try:
+            result = run_one(lab, args, hps)
+            row.update(accuracy=result.metric(lab.accuracy_metric), wall_s=result.wall_time_s, status="ok")
+        except WorkshopError as exc:
+            failed += 1
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            row.update(wall_s=time.monotonic() - t0, status="FAILED")
+        rows.append(row)
+    print("\nSummary (local mode)\n" + summary_table(rows), flush=True)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "labs":
+            for lab in LABS.values():
+                print(
+                    f"{lab.key:<16} {lab.folder:<20} {lab.strategy}; local {lab.local_hosts} x "
+                    f"{lab.local_procs_per_host}, SageMaker {lab.sagemaker.instance_count} x {lab.sagemaker.instance_type}"
+                )
+            return 0
+        hps = parse_hp(args.hp)
+        if args.lab == "all":
+            return run_all(args, hps)
+        run_one(get_lab(args.lab), args, hps)
+        return 0
+    except WorkshopError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("Interrupted; every process the workshop started has been stopped.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""The SageMaker training contract for one simulated host: an `/opt/ml`-shaped sandbox and its `SM_*`.
+
+SageMaker SDK v3 jobs start with `sm_train.sh`, which runs the SDK's `environment.py` to
+turn `/opt/ml/input/config/*.json` into `SM_*` variables and then runs a driver (Torchrun,
+MPI, a custom DistributedConfig, or the basic script driver). This module writes the same
+config files into a per-host folder and builds the same variables, pointing into that
+folder instead of `/opt/ml`. `tests/test_contract.py` runs the SDK's own `environment.py`
+on the same config files and checks that every variable it sets is here too, with the same
+value up to the sandbox path, so the two cannot drift apart unnoticed.
+
+Layout of one host's sandbox (`<run>/algo-1/`, standing in for `/opt/ml`):
+
+    input/config/{resourceconfig,inputdataconfig,hyperparameters}.json
+    input/data/<channel>/   the data channels (links to the prepared folders)
+    input/data/code/        a copy of the lab's code/ folder (the SDK's `code` channel)
+    model/                  SM_MODEL_DIR (tarred to S3 as model.tar.gz on SageMaker)
+    output/data/            SM_OUTPUT_DATA_DIR
+    output/failure          written by the drivers when the job fails
+    checkpoints/            SM_CHECKPOINT_DIR (synced with S3 by CheckpointConfig)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Reserved by SDK v3: the source code and its drivers travel as these input channels.
+RESERVED_CHANNELS = ("code", "sm_drivers")
+# Locally every simulated host reaches the master on loopback; on SageMaker it is "algo-1".
+LOCAL_MASTER_ADDR = "127.0.0.1"
+LOCAL_INSTANCE_TYPE = "local"
+LOCAL_INTERFACE = "lo"
+
+
+def host_names(count: int) -> list[str]:
+    """SageMaker's host names, sorted as SageMaker sorts them (as strings: algo-10 < algo-2)."""
+    return sorted(f"algo-{i}" for i in range(1, count + 1))
+
+
+def _serialize(value: Any) -> str:
+    """As the SDK writes values into sm_training.env: strings as they are, the rest as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+@dataclass(frozen=True)
+class HostSandbox:
+    """One simulated host's `/opt/ml`."""
+
+    root: Path
+
+    @property
+    def input_dir(self) -> Path:
+        return self.root / "input"
+
+    @property
+    def config_dir(self) -> Path:
+        return self.root / "input" / "config"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "input" / "data"
+
+    @property
+    def code_dir(self) -> Path:
+        return self.data_dir / "code"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.root / "output"
+
+    @property
+    def output_data_dir(self) -> Path:
+        return self.output_dir / "data"
+
+    @property
+    def failure_file(self) -> Path:
+        return self.output_dir / "failure"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    def create(
+        self,
+        *,
+        current_host: str,
+        hosts: list[str],
+        channels: dict[str, Path],
+        hyperparameters: dict[str, Any],
+        source_dir: Path,
+        instance_type: str = LOCAL_INSTANCE_TYPE,
+    ) -> None:
+        """Lay out the sandbox and its config files as SageMaker does before the job starts."""
+        for d in (self.config_dir, self.data_dir, self.model_dir, self.output_data_dir, self.checkpoint_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        resource = {
+            "current_host": current_host,
+            "current_instance_type": instance_type,
+            "current_group_name": "homogeneousCluster",
+            "hosts": hosts,
+            "instance_groups": [
+                {"instance_group_name": "homogeneousCluster", "instance_type": instance_type, "hosts": hosts}
+            ],
+            "network_interface_name": LOCAL_INTERFACE,
+        }
+        input_data = {
+            name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated", "RecordWrapperType": "None"}
+            for name in channels
+        }
+        # SageMaker stores every hyperparameter value as a string (JSON for non-strings).
+        hps = {k: _serialize(v) for k, v in hyperparameters.items()}
+        for name, content in (
+            ("resourceconfig.json", resource),
+            ("inputdataconfig.json", input_data),
+            ("hyperparameters.json", hps),
+        ):
+            (self.config_dir / name).write_text(json.dumps(content, indent=2) + "\n")
+        for name, path in channels.items():
+            link = self.data_dir / name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(Path(path).resolve(), target_is_directory=True)
+        # Each host gets its own copy of the code, as on SageMaker: a script that reaches
+        # outside its code/ folder fails here just as it would in the container.
+        if self.code_dir.exists():
+            shutil.rmtree(self.code_dir)
+        shutil.copytree(source_dir, self.code_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+    def environment(
+        self,
+        *,
+        current_host: str,
+        hosts: list[str],
+        channels: list[str],
+        hyperparameters: dict[str, Any],
+        entry_script: str,
+        distributed: dict[str, Any] | None,
+        driver_dir: Path | None,
+        master_port: int,
+        num_cpus: int,
+        job_name: str,
+        instance_type: str = LOCAL_INSTANCE_TYPE,
+    ) -> dict[str, str]:
+        """The `SM_*` variables the SDK's `environment.py` would export, pointing here."""
+        hosts = sorted(hosts)
+        env: dict[str, Any] = {
+            "SM_MODEL_DIR": str(self.model_dir),
+            "SM_INPUT_DIR": str(self.input_dir),
+            "SM_INPUT_DATA_DIR": str(self.data_dir),
+            "SM_INPUT_CONFIG_DIR": str(self.config_dir),
+            "SM_OUTPUT_DIR": str(self.output_dir),
+            "SM_OUTPUT_FAILURE": str(self.failure_file),
+            "SM_OUTPUT_DATA_DIR": str(self.output_data_dir),
+            "SM_LOG_LEVEL": 20,
+            "SM_MASTER_ADDR": LOCAL_MASTER_ADDR,
+            "SM_MASTER_PORT": master_port,
+            "SM_SOURCE_DIR": str(self.code_dir),
+            "SM_ENTRY_SCRIPT": entry_script,
+        }
+        if distributed is not None:
+            env["SM_DISTRIBUTED_DRIVER_DIR"] = str(driver_dir)
+            env["SM_DISTRIBUTED_CONFIG"] = distributed
+        for name in channels:
+            env[f"SM_CHANNEL_{name.upper()}"] = str(self.data_dir / name)
+        env["SM_CHANNELS"] = list(channels)
+        for key, value in hyperparameters.items():
+            env[f"SM_HP_{key.replace('-', '_').upper()}"] = value
+        env["SM_HPS"] = dict(hyperparameters)
+        env.update(
+            {
+                "SM_CURRENT_HOST": current_host,
+                "SM_CURRENT_INSTANCE_TYPE": instance_type,
+                "SM_HOSTS": hosts,
+                "SM_NETWORK_INTERFACE_NAME": LOCAL_INTERFACE,
+                "SM_HOST_COUNT": len(hosts),
+                "SM_CURRENT_HOST_RANK": hosts.index(current_host),
+                "SM_NUM_CPUS": num_cpus,
+                "SM_NUM_GPUS": 0,
+                "SM_NUM_NEURONS": 0,
+            }
+        )
+        resource = json.loads((self.config_dir / "resourceconfig.json").read_text())
+        input_data = json.loads((self.config_dir / "inputdataconfig.json").read_text())
+        env["SM_RESOURCE_CONFIG"] = resource
+        env["SM_INPUT_DATA_CONFIG"] = input_data
+        env["SM_TRAINING_ENV"] = {
+            "channel_input_dirs": {name: env[f"SM_CHANNEL_{name.upper()}"] for name in channels},
+            "current_host": current_host,
+            "current_instance_type": instance_type,
+            "hosts": hosts,
+            "master_addr": LOCAL_MASTER_ADDR,
+            "master_port": master_port,
+            "hyperparameters": env["SM_HPS"],
+            "input_data_config": input_data,
+            "input_config_dir": str(self.config_dir),
+            "input_data_dir": str(self.data_dir),
+            "input_dir": str(self.input_dir),
+            "job_name": job_name,
+            "log_level": 20,
+            "model_dir": str(self.model_dir),
+            "network_interface_name": LOCAL_INTERFACE,
+            "num_cpus": num_cpus,
+            "num_gpus": 0,
+            "num_neurons": 0,
+            "output_data_dir": str(self.output_data_dir),
+            "resource_config": resource,
+        }
+        # Not set by SageMaker itself: the workshop's jobs set it next to their
+        # CheckpointConfig (local path /opt/ml/checkpoints), so scripts read one variable.
+        env["SM_CHECKPOINT_DIR"] = str(self.checkpoint_dir)
+        env["TRAINING_JOB_NAME"] = job_name
+        return {k: _serialize(v) for k, v in env.items()}
+
+
+def base_process_env() -> dict[str, str]:
+    """The parent's environment minus anything that would make a child think it is already
+    part of a distributed job (a notebook started under torchrun, say)."""
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG")
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("SM_", "OMPI_", "PET_"))}
+    return env

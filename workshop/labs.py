@@ -1,0 +1,166 @@
+"""What each lab is: its folder, launcher, local defaults and SageMaker defaults.
+
+The CLI (`python -m workshop run LAB`), the notebooks and the tests all read this one table,
+so a lab's defaults live in exactly one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from workshop import REPO_ROOT
+from workshop.errors import WorkshopError
+
+
+@dataclass(frozen=True)
+class SageMakerDefaults:
+    """How a lab runs on SageMaker unless the caller says otherwise."""
+
+    framework: str  # image family for sagemaker.core.image_uris.retrieve
+    framework_version: str
+    py_version: str
+    instance_type: str
+    instance_count: int
+    launcher: str  # "torchrun", "mpi", "parameter_server" (see workshop.sagemaker_jobs)
+    procs_per_host: int | None = None  # None: one per GPU (the launcher's own default)
+    max_run_s: int = 3600
+    volume_size_gb: int = 30
+
+
+@dataclass(frozen=True)
+class Lab:
+    key: str  # short name used on the command line
+    folder: str  # top-level folder, e.g. "3_data_parallel"
+    title: str
+    strategy: str
+    launcher: str  # local launcher: "torchrun", ...
+    entry_script: str = "train.py"
+    local_hosts: int = 2
+    local_procs_per_host: int = 1
+    # Hyperparameters for the local default run (small and fast; the script's own
+    # defaults are the SageMaker-sized ones).
+    local_hyperparameters: dict[str, Any] = field(default_factory=dict)
+    # The metric the summary table reports, as printed by the script (see workshop.metrics).
+    accuracy_metric: str = "test_accuracy"
+    # Metrics the script prints (rank 0's lines); SageMaker charts these.
+    metrics: tuple[str, ...] = ("train_loss", "test_loss", "test_accuracy", "samples_per_sec")
+    sagemaker: SageMakerDefaults | None = None
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> Path:
+        return REPO_ROOT / self.folder
+
+    @property
+    def source_dir(self) -> Path:
+        """The lab's `code/` folder: its SageMaker `source_dir`, uploaded as is."""
+        return self.path / "code"
+
+    @property
+    def entry_path(self) -> Path:
+        return self.source_dir / self.entry_script
+
+    def distributed_config(self, procs_per_host: int | None = None):
+        """The SDK v3 `distributed=` config for this lab: the same object configures the
+        SageMaker job and tells the local cluster which driver to run."""
+        if self.launcher == "torchrun":
+            from sagemaker.train.distributed import Torchrun
+
+            return Torchrun(process_count_per_node=procs_per_host)
+        raise WorkshopError(f"Lab {self.key!r} has no launcher {self.launcher!r} yet.")
+
+    def load_script(self) -> ModuleType:
+        """Import the entry script as a module (without running its `main`)."""
+        spec = importlib.util.spec_from_file_location(f"_workshop_lab_{self.key}", self.entry_path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    def validate_hyperparameters(
+        self, hyperparameters: dict[str, Any], world_size: int = 1, train_samples: int | None = None
+    ):
+        """Parse the hyperparameters with the script's own argument parser.
+
+        The script is the one source of truth for its flags and their types, so a typo
+        or a non-numeric value fails here, before any process starts or anything is
+        spent, with argparse's message. Scripts may also define `check_args(args,
+        world_size)` for checks that depend on the cluster's size.
+        """
+        script = self.load_script()
+        argv = hyperparameters_to_argv(hyperparameters)
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr):
+                parser = script.build_parser()
+                parser.prog = self.entry_script
+                args = parser.parse_args(argv)
+        except SystemExit as exc:
+            message = stderr.getvalue().strip().splitlines()
+            detail = message[-1] if message else f"exit status {exc.code}"
+            raise WorkshopError(
+                f"Invalid hyperparameters for lab {self.key!r} ({shlex.join(argv)}): {detail}",
+                f"see `python {self.folder}/code/{self.entry_script} --help` for every flag and its type.",
+            ) from None
+        check = getattr(script, "check_args", None)
+        if check is not None:
+            try:
+                check(args, world_size, train_samples=train_samples)
+            except ValueError as exc:
+                raise WorkshopError(f"Invalid hyperparameters for lab {self.key!r}: {exc}") from None
+        return args
+
+
+def hyperparameters_to_argv(hyperparameters: dict[str, Any]) -> list[str]:
+    """`{"epochs": 3}` -> `["--epochs", "3"]`, the way SDK v3's drivers pass them.
+
+    Strings pass as they are and everything else as JSON (SDK v3:
+    `container_drivers/common/utils.py: hyperparameters_to_cli_args`).
+    """
+    import json
+
+    argv: list[str] = []
+    for key, value in hyperparameters.items():
+        argv += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+    return argv
+
+
+LABS: dict[str, Lab] = {
+    lab.key: lab
+    for lab in [
+        Lab(
+            key="data_parallel",
+            folder="3_data_parallel",
+            title="Data parallel (PyTorch DDP)",
+            strategy="synchronous all-reduce (DDP)",
+            launcher="torchrun",
+            local_hosts=2,
+            local_procs_per_host=1,
+            local_hyperparameters={"epochs": 3},
+            sagemaker=SageMakerDefaults(
+                framework="pytorch",
+                framework_version="2.9",
+                py_version="py312",
+                instance_type="ml.g5.xlarge",
+                instance_count=2,
+                launcher="torchrun",
+            ),
+            aliases=("3", "3_data_parallel", "ddp"),
+        ),
+    ]
+}
+
+
+def get_lab(name: str) -> Lab:
+    """Find a lab by key, folder name, number or alias."""
+    for lab in LABS.values():
+        if name == lab.key or name in lab.aliases:
+            return lab
+    known = ", ".join(f"{lab.key} ({lab.folder})" for lab in LABS.values())
+    raise WorkshopError(f"Unknown lab {name!r}.", f"choose one of: {known}, or 'all'.")

@@ -1,0 +1,537 @@
+"""A SageMaker training cluster simulated on this machine: N hosts, the real drivers, loopback.
+
+    from sagemaker.train.distributed import Torchrun
+    from workshop.local_cluster import LocalCluster
+
+    cluster = LocalCluster("3_data_parallel/code", "train.py", hosts=2, procs_per_host=1,
+                           distributed=Torchrun(process_count_per_node=1))
+    result = cluster.run(hyperparameters={"epochs": 3},
+                         channels={"train": "data/mnist/train", "test": "data/mnist/test"})
+    result.metric("final_test_accuracy")
+
+Each simulated host gets a sandbox laid out like `/opt/ml` and the `SM_*` variables that
+SDK v3's `environment.py` sets (see `workshop.contract`), then runs the very driver a
+SageMaker job runs for the same `distributed=` config (SDK's `torchrun_driver.py` for
+`Torchrun`, the workshop's own drivers for its `DistributedConfig`s, the basic script driver
+without one), all hosts concurrently, with the master on 127.0.0.1 at a free port. So a
+local run exercises the real script, the real launcher command line and the real
+collectives (gloo); only the machines are simulated.
+
+Reliability lives here too:
+- Logs stream live, whole lines only, each prefixed `[host/rank]` (or `[host]` for the
+  launcher's own lines), and are kept in `<run>/logs/`.
+- If any host's processes fail, every other host is stopped (SIGTERM to its process group,
+  SIGKILL after `stop_grace_s`), and the failing rank's traceback is what the error shows.
+- No process outlives the run: not on success, failure, timeout, Ctrl-C or a notebook
+  interrupt. Every process started carries a marker variable; a final sweep kills anything
+  that still carries it (torchrun starts its workers in sessions of their own, so process
+  groups alone would not reach them), and on Linux each host launcher dies with its parent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from workshop import REPO_ROOT, metrics
+from workshop.contract import RESERVED_CHANNELS, HostSandbox, base_process_env, host_names
+from workshop.errors import WorkshopError
+
+MARKER = "WORKSHOP_CLUSTER_ID"
+DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
+
+# Per-rank tags that launchers put in front of their workers' lines.
+_RANK_TAGS = [
+    # torchrun --tee (PET_TEE): "[default0]:text", local rank
+    (re.compile(r"^\[[A-Za-z_]*?(\d+)\]:"), "local"),
+    # mpirun --tag-output: "[1,3]<stdout>:text", global rank
+    (re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:"), "global"),
+    # horovodrun (gloo): "[3]<stdout>:text", global rank
+    (re.compile(r"^\[(\d+)\]<std(?:out|err)>:"), "global"),
+]
+_TRACEBACK_START = "Traceback (most recent call last):"
+# Errors a rank raises because a peer went away first (gloo, NCCL, c10d store, MPI).
+_PEER_LOST = re.compile(
+    r"Connection (?:closed|reset) by peer|Broken pipe|remote worker crashing|DistNetworkError|"
+    r"DistStoreError|NCCL communicator was aborted|ProcessGroupNCCL.*(?:abort|timeout)|"
+    r"Socket Timeout|Connection refused",
+    re.IGNORECASE,
+)
+
+
+class TrainingFailed(WorkshopError):
+    """A local job failed. `.result` has the logs, paths and what was parsed so far."""
+
+    def __init__(self, message: str, result: ClusterResult):
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass
+class HostResult:
+    name: str
+    host_rank: int
+    sandbox: HostSandbox
+    log_path: Path
+    returncode: int | None = None
+
+    @property
+    def model_dir(self) -> Path:
+        return self.sandbox.model_dir
+
+    @property
+    def output_data_dir(self) -> Path:
+        return self.sandbox.output_data_dir
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.sandbox.checkpoint_dir
+
+
+@dataclass
+class ClusterResult:
+    """What a local run produced, in the shape a SageMaker job's results have."""
+
+    job_name: str
+    returncode: int
+    hosts: list[HostResult]
+    records: list[dict[str, Any]]
+    wall_time_s: float
+    workdir: Path
+    log_path: Path
+    failure: str | None = None
+    world_size: int = 1
+    lines: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    @property
+    def model_dir(self) -> Path:
+        """Rank 0's host's model folder: what SageMaker uploads as model.tar.gz."""
+        return self.hosts[0].model_dir
+
+    def metric(self, name: str, rank: int | None = 0) -> Any:
+        """The last value of a metric printed by `rank` (any rank if None)."""
+        return metrics.last(self.records, name, rank)
+
+    def per_rank(self, name: str) -> dict[int, Any]:
+        """The last value of `name` from every rank that printed it."""
+        out: dict[int, Any] = {}
+        for record in self.records:
+            if name in record:
+                out[record.get("rank", 0)] = record[name]
+        return out
+
+    def check(self) -> ClusterResult:
+        if not self.ok:
+            raise TrainingFailed(self.failure or f"exit status {self.returncode}", self)
+        return self
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when the process that started it dies."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def processes_with_marker(cluster_id: str) -> list[psutil.Process]:
+    """Every live process whose environment carries this cluster's marker."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.pid != os.getpid() and proc.environ().get(MARKER) == cluster_id:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
+class LocalCluster:
+    """N simulated SageMaker hosts on this machine. See the module docstring."""
+
+    def __init__(
+        self,
+        source_dir: str | Path,
+        entry_script: str = "train.py",
+        *,
+        hosts: int = 2,
+        procs_per_host: int = 1,
+        distributed: Any = None,
+        name: str = "local-job",
+        workdir: str | Path | None = None,
+        num_cpus: int | None = None,
+        master_port: int | None = None,
+        stop_grace_s: float = 3.0,
+        extra_env: dict[str, str] | None = None,
+        echo: bool = True,
+    ):
+        if not isinstance(hosts, int) or hosts < 1:
+            raise WorkshopError(f"hosts must be a whole number of at least 1, got {hosts!r}.", "use --hosts 1 or more.")
+        if not isinstance(procs_per_host, int) or procs_per_host < 1:
+            raise WorkshopError(
+                f"procs_per_host must be a whole number of at least 1, got {procs_per_host!r}.",
+                "use --procs-per-host 1 or more.",
+            )
+        self.source_dir = Path(source_dir).resolve()
+        self.entry_script = entry_script
+        if not (self.source_dir / entry_script).is_file():
+            raise WorkshopError(
+                f"No entry script {entry_script!r} in {self.source_dir}.",
+                "point source_dir at a lab's code/ folder.",
+            )
+        self.hosts = hosts
+        self.procs_per_host = procs_per_host
+        self.distributed = distributed
+        self.name = re.sub(r"[^A-Za-z0-9-]+", "-", name).strip("-") or "local-job"
+        self.workdir = Path(workdir) if workdir else None
+        cpus = os.cpu_count() or 1
+        # Each simulated host gets its share of this machine, so that scripts sizing their
+        # thread pools from SM_NUM_CPUS do not oversubscribe the cores.
+        self.num_cpus = num_cpus or max(1, cpus // hosts)
+        if master_port is not None and port_in_use(master_port):
+            raise WorkshopError(
+                f"Port {master_port} on 127.0.0.1 is already in use.",
+                "leave master_port unset (a free port is picked) or stop what holds it "
+                f"(`ss -ltnp 'sport = :{master_port}'` shows it).",
+            )
+        self.master_port = master_port
+        self.stop_grace_s = stop_grace_s
+        self.extra_env = dict(extra_env or {})
+        self.echo = echo
+
+    @property
+    def world_size(self) -> int:
+        return self.hosts * self.procs_per_host
+
+    def _driver(self) -> tuple[Path, dict[str, Any] | None]:
+        """The driver script SageMaker would run for this `distributed` config."""
+        if self.distributed is None:
+            from sagemaker.train.distributed import Torchrun
+
+            drivers = Path(Torchrun().driver_dir)
+            return drivers / "basic_script_driver.py", None
+        return Path(self.distributed.driver_dir) / self.distributed.driver_script, self.distributed.model_dump()
+
+    def _check_channels(self, channels: dict[str, str | Path]) -> dict[str, Path]:
+        checked = {}
+        for name, path in channels.items():
+            if name in RESERVED_CHANNELS:
+                raise WorkshopError(
+                    f"Channel name {name!r} is reserved by SageMaker SDK v3 (it carries the code and drivers).",
+                    "rename the channel.",
+                )
+            if not re.fullmatch(r"[A-Za-z0-9\.\-_]+", name):
+                raise WorkshopError(f"Invalid channel name {name!r}.", "use letters, digits, '.', '-', '_'.")
+            p = Path(path)
+            if not p.is_dir():
+                raise WorkshopError(
+                    f"The {name!r} data channel points to {p}, which is not a folder.",
+                    "prepare the data first: `python -m workshop.data mnist data/mnist` "
+                    "(or workshop.data.prepare_mnist in Python).",
+                )
+            checked[name] = p.resolve()
+        return checked
+
+    def run(
+        self,
+        hyperparameters: dict[str, Any] | None = None,
+        channels: dict[str, str | Path] | None = None,
+        *,
+        checkpoint_dir: str | Path | None = None,
+        timeout_s: float | None = None,
+        check: bool = True,
+    ) -> ClusterResult:
+        """Run the job on every simulated host; return (or, with check, raise on) the result.
+
+        `checkpoint_dir` stands in for the job's checkpoint S3 URI: its files are copied into
+        every host's checkpoint folder before the start and the hosts' files back into it at
+        the end, as SageMaker's CheckpointConfig does, so a second run resumes.
+        """
+        hyperparameters = dict(hyperparameters or {})
+        chans = self._check_channels(channels or {})
+        driver, distributed = self._driver()
+        port = self.master_port or _free_port()
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        job_name = f"{self.name}-{stamp}-{uuid.uuid4().hex[:4]}"
+        workdir = (self.workdir or DEFAULT_RUNS_DIR / job_name).resolve()
+        (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        cluster_id = uuid.uuid4().hex
+        names = host_names(self.hosts)
+
+        hosts: list[HostResult] = []
+        envs: list[dict[str, str]] = []
+        for host_rank, host in enumerate(names):
+            sandbox = HostSandbox(workdir / host)
+            sandbox.create(
+                current_host=host, hosts=names, channels=chans,
+                hyperparameters=hyperparameters, source_dir=self.source_dir,
+            )
+            if checkpoint_dir and Path(checkpoint_dir).is_dir():
+                shutil.copytree(checkpoint_dir, sandbox.checkpoint_dir, dirs_exist_ok=True)
+            env = base_process_env()
+            env.update(
+                sandbox.environment(
+                    current_host=host, hosts=names, channels=list(chans), hyperparameters=hyperparameters,
+                    entry_script=self.entry_script, distributed=distributed, driver_dir=driver.parent,
+                    master_port=port, num_cpus=self.num_cpus, job_name=job_name,
+                )
+            )
+            env.update(
+                {
+                    MARKER: cluster_id,
+                    "PYTHONUNBUFFERED": "1",
+                    # torchrun reads its flags from PET_* too: --tee 3 tags each worker line
+                    # with its local rank, without changing the command line the driver builds.
+                    "PET_TEE": "3",
+                    # The drivers call `torchrun`/`mpirun` from PATH and `python` as sys.executable.
+                    "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+                }
+            )
+            env.update(self.extra_env)
+            envs.append(env)
+            hosts.append(HostResult(host, host_rank, sandbox, workdir / "logs" / f"{host}.log"))
+
+        launcher = self.distributed.__class__.__name__ if self.distributed is not None else "no launcher"
+        self._say(
+            f"Local cluster: {self.hosts} host(s) x {self.procs_per_host} process(es) = world size "
+            f"{self.world_size}; {launcher} via {driver.name}; master 127.0.0.1:{port}; run folder {workdir}"
+        )
+        runner = _Run(self, hosts, envs, driver, workdir, cluster_id, timeout_s)
+        try:
+            returncode, failure, lines = runner.run()
+        finally:
+            if checkpoint_dir:
+                Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+                for host in reversed(hosts):  # algo-1 (rank 0's host) copied last wins
+                    if host.checkpoint_dir.is_dir():
+                        shutil.copytree(host.checkpoint_dir, checkpoint_dir, dirs_exist_ok=True)
+        result = ClusterResult(
+            job_name=job_name, returncode=returncode, hosts=hosts, records=metrics.parse_lines(lines),
+            wall_time_s=runner.wall_time_s, workdir=workdir, log_path=workdir / "logs" / "cluster.log",
+            failure=failure, world_size=self.world_size, lines=lines,
+        )
+        status = "succeeded" if result.ok else f"FAILED (exit status {returncode})"
+        self._say(f"Local job {job_name} {status} in {result.wall_time_s:.1f} s. Logs: {result.log_path}")
+        return result.check() if check else result
+
+    def _say(self, text: str) -> None:
+        if self.echo:
+            print(text, flush=True)
+
+
+class _Run:
+    """One execution: start the hosts, stream their lines, stop everything, report."""
+
+    def __init__(self, cluster: LocalCluster, hosts, envs, driver, workdir, cluster_id, timeout_s):
+        self.c = cluster
+        self.hosts: list[HostResult] = hosts
+        self.envs = envs
+        self.driver = driver
+        self.workdir = workdir
+        self.cluster_id = cluster_id
+        self.timeout_s = timeout_s
+        self.lines: queue.Queue = queue.Queue()
+        self.procs: list[subprocess.Popen] = []
+        self.readers: list[threading.Thread] = []
+        # The last lines of every (host, rank) stream, for the failure report.
+        self.tails: dict[tuple[str, str], deque] = {}
+        self.first_traceback: dict[str, tuple[int, str]] = {}  # host -> (line number, rank)
+        self.all_lines: list[str] = []
+        self.wall_time_s = 0.0
+
+    def _start(self) -> None:
+        for host, env in zip(self.hosts, self.envs, strict=True):
+            cmd = [sys.executable, "-m", "workshop.run_driver", str(self.driver)]
+            proc = subprocess.Popen(
+                cmd,
+                cwd=host.sandbox.code_dir,  # sm_train.sh: cd /opt/ml/input/data/code
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so it can be stopped as one
+                preexec_fn=_die_with_parent,
+            )
+            self.procs.append(proc)
+            reader = threading.Thread(target=self._read, args=(host, proc), daemon=True)
+            reader.start()
+            self.readers.append(reader)
+
+    def _read(self, host: HostResult, proc: subprocess.Popen) -> None:
+        """Split a host's output into whole lines and tag each with `[host/rank]`."""
+        with open(host.log_path, "w", encoding="utf-8") as log:
+            for raw in iter(proc.stdout.readline, b""):
+                text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                log.write(text + "\n")
+                rank = ""
+                for pattern, kind in _RANK_TAGS:
+                    m = pattern.match(text)
+                    if m:
+                        n = int(m.group(1))
+                        rank = str(host.host_rank * self.c.procs_per_host + n if kind == "local" else n)
+                        text = text[m.end() :]
+                        break
+                tag = f"[{host.name}/{rank}]" if rank else f"[{host.name}]"
+                self.lines.put((host.name, rank, f"{tag} {text}"))
+            log.flush()
+        proc.stdout.close()
+
+    def _drain(self, timeout: float = 0.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining > 0:
+                    host, rank, line = self.lines.get(timeout=remaining)
+                else:
+                    host, rank, line = self.lines.get_nowait()
+            except queue.Empty:
+                return
+            self.tails.setdefault((host, rank), deque(maxlen=400)).append((len(self.all_lines), line))
+            self.all_lines.append(line)
+            self._combined.write(line + "\n")
+            if self.c.echo:
+                print(line, flush=True)
+
+    def run(self) -> tuple[int, str | None, list[str]]:
+        t0 = time.monotonic()
+        returncode, failure, failed_host = 0, None, None
+        with open(self.workdir / "logs" / "cluster.log", "w", encoding="utf-8") as combined:
+            self._combined = combined
+            try:
+                self._start()
+                while True:
+                    self._drain(0.1)
+                    codes = [p.poll() for p in self.procs]
+                    failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
+                    if failed:
+                        failed_host, returncode = failed[0], codes[failed[0]]
+                        break
+                    if all(code == 0 for code in codes):
+                        break
+                    if self.timeout_s and time.monotonic() - t0 > self.timeout_s:
+                        returncode = 124
+                        failure = f"The job ran past its time limit of {self.timeout_s:g} s and was stopped."
+                        break
+            finally:
+                # Also on KeyboardInterrupt (Ctrl-C, a notebook's interrupt): nothing outlives the run.
+                self._stop_all()
+                for reader in self.readers:
+                    reader.join(timeout=5)
+                self._drain()
+                for host, proc in zip(self.hosts, self.procs, strict=False):
+                    host.returncode = proc.returncode
+                self.wall_time_s = time.monotonic() - t0
+        if failed_host is not None:
+            failure = self._describe_failure(failed_host, returncode)
+        return returncode, failure, self.all_lines
+
+    def _describe_failure(self, i: int, code: int) -> str:
+        host = self.hosts[i]
+        how = f"exit status {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
+        message = f"Host {host.name} failed ({how}); the other hosts were stopped."
+        found = self._root_traceback()
+        if found:
+            where, lines = found
+            message += f"\nFirst failure: {where}. Its traceback:\n" + "\n".join(lines)
+        else:
+            tail = [line for _, line in self.tails.get((host.name, ""), [])][-20:]
+            message += "\nLast lines from that host:\n" + "\n".join(tail)
+        if code < 0 and -code == signal.SIGKILL:
+            message += "\n(SIGKILL from outside the job often means the machine ran out of memory.)"
+        return message
+
+    def _root_traceback(self) -> tuple[str, list[str]] | None:
+        """Where the job failed first, and that rank's traceback.
+
+        When one rank dies, its peers fail too (a collective whose partner vanished) and the
+        launchers print summaries; those are consequences. So: a rank's traceback before a
+        launcher's, a traceback that is not a lost-peer error before one that is, and among
+        equals the one printed first.
+        """
+        found = []
+        for (host, rank), tail in self.tails.items():
+            lines = list(tail)
+            for k, (n, line) in enumerate(lines):
+                if _TRACEBACK_START in line:
+                    text = [t for _, t in lines[k : k + 60]]
+                    consequence = any(_PEER_LOST.search(t) for t in text)
+                    where = f"rank {rank} on {host}" if rank else f"the launcher on {host}"
+                    found.append((rank == "", consequence, n, where, text))
+                    break
+        if not found:
+            return None
+        *_, where, text = min(found)
+        return where, text
+
+    def _stop_all(self) -> None:
+        """SIGTERM every host's process group, SIGKILL what is left after the grace period,
+        then sweep for anything still carrying this cluster's marker."""
+        live = [p for p in self.procs if p.poll() is None]
+        descendants: list[psutil.Process] = []
+        for proc in live:
+            try:
+                descendants += psutil.Process(proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + self.c.stop_grace_s
+        while any(p.poll() is None for p in live) and time.monotonic() < deadline:
+            self._drain(0.05)
+        for proc in live:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for child in descendants + processes_with_marker(self.cluster_id):
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -57,15 +57,13 @@ from workshop.errors import WorkshopError
 MARKER = "WORKSHOP_CLUSTER_ID"
 DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
 
-# Per-rank tags that launchers put in front of their workers' lines.
-_RANK_TAGS = [
-    # torchrun --tee (PET_TEE): "[default0]:text", local rank
-    (re.compile(r"^\[[A-Za-z_]*?(\d+)\]:"), "local"),
-    # mpirun --tag-output: "[1,3]<stdout>:text", global rank
-    (re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:"), "global"),
-    # horovodrun (gloo): "[3]<stdout>:text", global rank
-    (re.compile(r"^\[(\d+)\]<std(?:out|err)>:"), "global"),
-]
+# Per-rank tags that launchers put in front of their workers' output:
+#   torchrun --tee (PET_TEE):       "[default0]:text"      local rank
+#   mpirun --tag-output:            "[1,3]<stdout>:text"   global rank
+#   horovodrun (gloo):              "[3]<stdout>:text"     global rank
+# A launcher that forwards partial lines repeats the tag mid-line ("a, [default0]:b"), so
+# tags are found anywhere in a line and each rank's text is rebuilt into whole lines.
+_RANK_TAG = re.compile(r"\[default(?P<local>\d+)\]:|\[\d+,(?P<mpi>\d+)\]<std(?:out|err)>:|\[(?P<hvd>\d+)\]<std(?:out|err)>:")
 _TRACEBACK_START = "Traceback (most recent call last):"
 # Errors a rank raises because a peer went away first (gloo, NCCL, c10d store, MPI).
 _PEER_LOST = re.compile(
@@ -395,23 +393,37 @@ class _Run:
             self.readers.append(reader)
 
     def _read(self, host: HostResult, proc: subprocess.Popen) -> None:
-        """Split a host's output into whole lines and tag each with `[host/rank]`."""
+        """Split a host's output into whole lines per rank, each tagged `[host/rank]`."""
+        partial: dict[str, str] = {}  # rank -> text of a line not yet ended
         with open(host.log_path, "w", encoding="utf-8") as log:
             for raw in iter(proc.stdout.readline, b""):
                 text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                 log.write(text + "\n")
-                rank = ""
-                for pattern, kind in _RANK_TAGS:
-                    m = pattern.match(text)
-                    if m:
-                        n = int(m.group(1))
-                        rank = str(host.host_rank * self.c.procs_per_host + n if kind == "local" else n)
-                        text = text[m.end() :]
-                        break
+                segments = self._segments(host, text)
+                for rank, piece in segments[:-1]:
+                    partial[rank] = partial.get(rank, "") + piece
+                rank, piece = segments[-1]
+                line = partial.pop(rank, "") + piece
                 tag = f"[{host.name}/{rank}]" if rank else f"[{host.name}]"
-                self.lines.put((host.name, rank, f"{tag} {text}"))
-            log.flush()
+                self.lines.put((host.name, rank, f"{tag} {line}"))
+        for rank, piece in partial.items():  # output that never got its newline
+            self.lines.put((host.name, rank, f"[{host.name}/{rank}] {piece}" if rank else f"[{host.name}] {piece}"))
         proc.stdout.close()
+
+    def _segments(self, host: HostResult, text: str) -> list[tuple[str, str]]:
+        """`"a[default0]:b[default1]:c"` -> `[("", "a"), ("0", "b"), ("1", "c")]` (global ranks)."""
+        out: list[tuple[str, str]] = []
+        rank, pos = "", 0
+        for m in _RANK_TAG.finditer(text):
+            if m.start() > pos or out or rank:
+                out.append((rank, text[pos : m.start()]))
+            if m["local"] is not None:
+                rank = str(host.host_rank * self.c.procs_per_host + int(m["local"]))
+            else:
+                rank = m["mpi"] if m["mpi"] is not None else m["hvd"]
+            pos = m.end()
+        out.append((rank, text[pos:]))
+        return [(r, t) for r, t in out[:-1] if t] + [out[-1]]
 
     def _drain(self, timeout: float = 0.0) -> None:
         deadline = time.monotonic() + timeout

@@ -1,0 +1,180 @@
+"""The local cluster: the SageMaker contract per host, whole tagged lines, fail-fast, no orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+from conftest import PROBE_CODE
+from sagemaker.train.distributed import Torchrun
+
+from workshop.errors import WorkshopError
+from workshop.local_cluster import MARKER, LocalCluster, TrainingFailed, processes_with_marker
+
+
+def cluster(tmp_path, hosts=2, procs=2, **kw) -> LocalCluster:
+    return LocalCluster(
+        PROBE_CODE, "train.py", hosts=hosts, procs_per_host=procs,
+        distributed=Torchrun(process_count_per_node=procs), workdir=tmp_path / "run", echo=False, **kw,
+    )
+
+
+def envs(result) -> dict[int, dict]:
+    out = {}
+    for host in result.hosts:
+        for f in host.output_data_dir.glob("env-rank*.json"):
+            data = json.loads(f.read_text())
+            out[int(data["RANK"])] = data
+    return out
+
+
+def no_processes_left(result) -> bool:
+    """Nothing started by this run is alive (the marker is in every process's environment)."""
+    ids = {json.loads(f.read_text()).get("pid") for h in result.hosts for f in h.output_data_dir.glob("env-rank*.json")}
+    alive = [pid for pid in ids if pid and _alive(pid)]
+    return not alive
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def test_contract_variables_per_host_and_rank(tmp_path, channels):
+    result = cluster(tmp_path).run({"epochs": 2, "lr": 0.1, "run-name": "probe"}, channels)
+    assert result.ok and result.world_size == 4
+    seen = envs(result)
+    assert sorted(seen) == [0, 1, 2, 3]  # torchrun gave every rank a distinct global rank
+    for rank, env in seen.items():
+        host = "algo-1" if rank < 2 else "algo-2"
+        sandbox = result.hosts[0 if rank < 2 else 1].sandbox
+        assert env["SM_CURRENT_HOST"] == host
+        assert env["SM_CURRENT_HOST_RANK"] == str(rank // 2)
+        assert json.loads(env["SM_HOSTS"]) == ["algo-1", "algo-2"]
+        assert env["SM_HOST_COUNT"] == "2"
+        assert env["SM_MASTER_ADDR"] == "127.0.0.1" == env["MASTER_ADDR"]
+        assert env["SM_MASTER_PORT"] == env["MASTER_PORT"]
+        assert env["WORLD_SIZE"] == "4" and env["LOCAL_RANK"] == str(rank % 2)
+        assert env["SM_NUM_GPUS"] == "0" and int(env["SM_NUM_CPUS"]) >= 1
+        assert env["SM_MODEL_DIR"] == str(sandbox.model_dir)
+        assert env["SM_OUTPUT_DATA_DIR"] == str(sandbox.output_data_dir)
+        assert env["SM_CHECKPOINT_DIR"] == str(sandbox.checkpoint_dir)
+        assert env["SM_CHANNEL_TRAIN"] == str(sandbox.data_dir / "train")
+        assert os.path.samefile(env["SM_CHANNEL_TRAIN"], channels["train"])
+        assert json.loads(env["SM_CHANNELS"]) == ["train", "test"]
+        assert json.loads(env["SM_HPS"]) == {"epochs": 2, "lr": 0.1, "run-name": "probe"}
+        assert env["SM_HP_EPOCHS"] == "2" and env["SM_HP_RUN_NAME"] == "probe"
+        assert json.loads(env["SM_DISTRIBUTED_CONFIG"]) == {"process_count_per_node": 2, "smp": None}
+        # SDK v3 runs the script from its own copy of the code channel, with flags from the HPs.
+        assert env["cwd"] == str(sandbox.code_dir) == env["SM_SOURCE_DIR"]
+        assert env["argv"] == ["--epochs", "2", "--lr", "0.1", "--run-name", "probe"]
+    config = json.loads((result.hosts[1].sandbox.config_dir / "resourceconfig.json").read_text())
+    assert config["current_host"] == "algo-2" and config["hosts"] == ["algo-1", "algo-2"]
+    assert json.loads((result.hosts[0].sandbox.config_dir / "hyperparameters.json").read_text())["epochs"] == "2"
+
+
+def test_lines_are_whole_tagged_and_parsed(tmp_path, channels):
+    result = cluster(tmp_path, hosts=2, procs=1).run({}, channels)
+    for rank, host in ((0, "algo-1"), (1, "algo-2")):
+        assert f"[{host}/{rank}] rank {rank} says: part one, part two" in result.lines
+    assert any(line.startswith("[algo-1] Executing command: torchrun") for line in result.lines)
+    assert result.per_rank("train_loss") == {0: 1.0, 1: 0.5}
+    assert {r["host"] for r in result.records} == {"algo-1", "algo-2"}
+    log = result.log_path.read_text()
+    assert "[algo-2/1] rank 1 says: part one, part two" in log
+    assert (result.workdir / "logs" / "algo-2.log").is_file()
+
+
+def test_a_failing_rank_stops_every_host_and_shows_its_traceback(tmp_path, channels):
+    c = cluster(tmp_path, extra_env={"PROBE_FAIL_RANK": "3", "PROBE_SLEEP": "600"})
+    t0 = time.monotonic()
+    with pytest.raises(TrainingFailed) as info:
+        c.run({}, channels)
+    elapsed = time.monotonic() - t0
+    result = info.value.result
+    assert result.returncode != 0
+    assert "First failure: rank 3 on algo-2" in str(info.value)
+    assert "RuntimeError: deliberate failure on rank 3" in str(info.value)
+    # The healthy ranks were asleep for 600 s: they were stopped, not waited for.
+    assert elapsed < 120, elapsed
+    assert not any("rank 0 done" in line for line in result.lines)
+    assert no_processes_left(result)
+
+
+def test_timeout_stops_everything(tmp_path, channels):
+    result = cluster(tmp_path, extra_env={"PROBE_SLEEP": "600"}).run({}, channels, timeout_s=8, check=False)
+    assert result.returncode == 124 and "time limit" in result.failure
+    assert no_processes_left(result)
+
+
+def test_interrupt_stops_everything(tmp_path, channels):
+    """Ctrl-C, or a notebook's interrupt button, raises KeyboardInterrupt in the waiting call."""
+    c = cluster(tmp_path, extra_env={"PROBE_SLEEP": "600"})
+    timer = threading.Timer(8, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            c.run({}, channels)
+    finally:
+        timer.cancel()
+    pids = [json.loads(f.read_text())["pid"] for f in (tmp_path / "run").rglob("env-rank*.json")]
+    assert pids, "the probe never started"
+    assert not [pid for pid in pids if _alive(pid)]
+
+
+def test_marker_sweep_finds_processes_of_this_cluster_only(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, MARKER: "sweep-test"}
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        time.sleep(0.5)
+        assert [p.pid for p in processes_with_marker("sweep-test")] == [proc.pid]
+        assert processes_with_marker("another-cluster") == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"hosts": 0}, "hosts must be a whole number of at least 1"),
+        ({"procs_per_host": 0}, "procs_per_host must be"),
+    ],
+)
+def test_bad_cluster_shapes_fail_before_anything_starts(tmp_path, kwargs, message):
+    with pytest.raises(WorkshopError, match=message):
+        LocalCluster(PROBE_CODE, workdir=tmp_path / "run", **kwargs)
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_channel_fails_before_anything_starts(tmp_path, channels):
+    c = cluster(tmp_path)
+    with pytest.raises(WorkshopError, match="(?s)'train' data channel points to .*python -m workshop.data"):
+        c.run({}, {"train": tmp_path / "nowhere", "test": channels["test"]})
+    with pytest.raises(WorkshopError, match="reserved"):
+        c.run({}, {"code": channels["train"]})
+    assert not (tmp_path / "run").exists()
+
+
+def test_port_in_use_is_refused(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(WorkshopError, match=f"Port {port} .* already in use"):
+            LocalCluster(PROBE_CODE, master_port=port)

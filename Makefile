@@ -30,9 +30,11 @@ $(STAMP): requirements.txt pyproject.toml
 workshop: setup
 	$(BIN)/python -m workshop run all
 
+# Unit and multi-process tests, then every notebook top to bottom (nbval, local mode).
 test: setup
-	$(BIN)/python -m ruff check workshop tests benchmarks */code
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
+	$(BIN)/python -m pytest tests $(wildcard [0-9]_*/*.ipynb) --nbval-lax --nbval-current-env \
+		--nbval-cell-timeout=900 --timeout=1800 $(PYTEST_ARGS)
 
 lab: setup
 	$(BIN)/python -m ipykernel install --user --name $(KERNEL_NAME) --display-name "Python (distributed training workshop)"

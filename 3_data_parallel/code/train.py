@@ -46,16 +46,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-# smddp, SageMaker's data-parallel library, runs only on these instance types, and ships
-# only in the PyTorch 2.5 and model-parallel training images.
-# https://docs.aws.amazon.com/sagemaker/latest/dg/distributed-data-parallel-support.html
-SMDDP_INSTANCE_TYPES = (
-    "ml.p4d.24xlarge",
-    "ml.p4de.24xlarge",
-    "ml.p5.48xlarge",
-    "ml.p5e.48xlarge",
-    "ml.p5en.48xlarge",
-)
+# smddp, SageMaker's data-parallel library, runs only on these instance types (the SDK's own
+# list: sagemaker/core/fw_utils.py SM_DATAPARALLEL_SUPPORTED_INSTANCE_TYPES, and
+# https://docs.aws.amazon.com/sagemaker/latest/dg/distributed-data-parallel-support.html),
+# and ships only in SageMaker's PyTorch training images that bundle it.
+SMDDP_INSTANCE_TYPES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge")
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 

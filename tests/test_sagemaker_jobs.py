@@ -1,0 +1,586 @@
+"""workshop.sagemaker_jobs and workshop.aws: the SageMaker job, checked against a fake AWS.
+
+No test touches the network or a real account: AWS is moto, in-process; every test starts
+with no AWS credentials, empty AWS config files, instance metadata disabled and its own SDK
+config files. Most tests use a tiny lab (a `train.py` with only `build_parser`/`check_args`),
+so they test the job builder, not lab 3's script; one dry-runs the real lab 3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import tarfile
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import numpy as np
+import pytest
+from moto import mock_aws
+
+from workshop import aws, metrics
+from workshop import sagemaker_jobs as sj
+from workshop.errors import WorkshopError
+from workshop.labs import Lab, SageMakerDefaults, get_lab
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"  # moto's account
+DEFAULT_BUCKET = f"sagemaker-{REGION}-{ACCOUNT}"
+GPU_IMAGE = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch-training:2.9-gpu-py312"
+SMDDP_IMAGE = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch-training:2.5-gpu-py311"
+TRAIN_PY = '''
+import argparse
+
+
+def build_parser():
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl", "smddp"), default="auto")
+    return p
+
+
+def check_args(args, world_size=1, train_samples=None):
+    if args.epochs < 1:
+        raise ValueError(f"--epochs must be at least 1, got {args.epochs}")
+    if train_samples is not None and train_samples < world_size:
+        raise ValueError(f"{train_samples} training samples for {world_size} ranks")
+'''
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def _isolate(mp: pytest.MonkeyPatch, tmp: Path) -> None:
+    """No credentials, no AWS or SDK config of the person running the tests, not on SageMaker."""
+    for key in list(os.environ):
+        if key.startswith(("AWS_", "SAGEMAKER_")):
+            mp.delenv(key)
+    empty = tmp / "aws-empty"
+    empty.write_text("")
+    sdk_config = tmp / "sagemaker-config.yaml"
+    sdk_config.write_text("SchemaVersion: '1.0'\n")
+    mp.setenv("AWS_CONFIG_FILE", str(empty))
+    mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+    mp.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata probe either
+    mp.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(sdk_config))
+    mp.setenv("SAGEMAKER_ADMIN_CONFIG_OVERRIDE", str(sdk_config))
+    mp.delenv(aws.ROLE_ENV, raising=False)
+    mp.setenv(aws.USER_ENV, "Alice Example")
+    mp.setattr(aws, "NOTEBOOK_METADATA_FILE", str(tmp / "no-such-metadata.json"))
+
+
+@pytest.fixture(autouse=True)
+def no_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _isolate(monkeypatch, tmp_path)
+
+
+def make_lab(root: Path, launcher: str = "torchrun", key: str = "tiny_ddp") -> Lab:
+    """A lab whose script only parses its flags: the job builder under test, not a model."""
+    code = root / key / "code"
+    code.mkdir(parents=True)
+    (code / "train.py").write_text(textwrap.dedent(TRAIN_PY))
+    (code / "__pycache__").mkdir()
+    (code / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"not uploaded")
+    return Lab(
+        key=key,
+        folder=str(root / key),  # absolute: REPO_ROOT / folder is then this folder
+        title="Tiny DDP",
+        strategy="test",
+        launcher="torchrun",
+        sagemaker=SageMakerDefaults(
+            framework="pytorch",
+            framework_version="2.9",
+            py_version="py312",
+            instance_type="ml.g5.xlarge",
+            instance_count=2,
+            launcher=launcher,
+            max_run_s=1800,
+        ),
+    )
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Lab:
+    return make_lab(tmp_path)
+
+
+@dataclass
+class FakeAws:
+    boto: Any  # boto3.Session with moto's throwaway keys
+    role_arn: str
+
+    def training_jobs(self) -> list[dict[str, Any]]:
+        return self.boto.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]
+
+    def objects(self) -> list[str]:
+        s3 = self.boto.client("s3")
+        return [
+            f"{b['Name']}/{o['Key']}"
+            for b in s3.list_buckets()["Buckets"]
+            for o in s3.list_objects_v2(Bucket=b["Name"]).get("Contents", [])
+        ]
+
+    def read(self, uri: str) -> bytes:
+        bucket, _, key = uri[len("s3://") :].partition("/")
+        return self.boto.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+@pytest.fixture
+def fake_aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAws]:
+    """moto with credentials, a region, the training role and the SDK's default bucket."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    with mock_aws():
+        boto = boto3.Session(region_name=REGION)
+        trust = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}, "Action": "sts:AssumeRole"}
+            ],
+        }
+        role = boto.client("iam").create_role(RoleName="WorkshopTraining", AssumeRolePolicyDocument=json.dumps(trust))
+        boto.client("s3").create_bucket(Bucket=DEFAULT_BUCKET)
+        yield FakeAws(boto=boto, role_arn=role["Role"]["Arn"])
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """Prepared-looking MNIST channels (tiny arrays: nothing trains on them here)."""
+    root = tmp_path / "mnist"
+    for channel in ("train", "test"):
+        (root / channel).mkdir(parents=True)
+        np.savez(root / channel / "mnist.npz", images=np.zeros((4, 28, 28), np.uint8), labels=np.arange(4))
+    return root
+
+
+def channel_uris(request: dict[str, Any]) -> dict[str, str]:
+    return {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]}
+
+
+# --------------------------------------------------------------------------- dry run
+
+
+@dataclass
+class SharedDryRun:
+    lab: Lab
+    request: sj.DryRunRequest
+    printed: str
+    telemetry_sent: list[Any]
+    credentials_after: Any
+
+
+@pytest.fixture(scope="module")
+def shared_dry_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedDryRun]:
+    """One dry run (each costs seconds: the SDK validates its config with jsonschema on every
+    lookup), read by several tests; SDK telemetry sends are recorded instead of sent."""
+    from sagemaker.core.telemetry import telemetry_logging
+
+    tmp = tmp_path_factory.mktemp("dry-run")
+    with pytest.MonkeyPatch.context() as mp:
+        _isolate(mp, tmp)
+        sent: list[Any] = []
+        mp.setattr(telemetry_logging, "_send_telemetry_request", lambda *a, **k: sent.append(a))
+        lab = make_lab(tmp)
+        assert boto3.Session().get_credentials() is None  # truly none, from any source
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            request = sj.dry_run(lab, hyperparameters={"epochs": 2, "lr": 0.05}, instance_count=2, procs_per_host=1)
+        yield SharedDryRun(lab, request, out.getvalue(), sent, boto3.Session().get_credentials())
+
+
+def test_dry_run_needs_no_credentials(shared_dry_run: SharedDryRun) -> None:
+    request = shared_dry_run.request
+    assert isinstance(request, dict) and json.loads(json.dumps(request)) == request
+    assert re.fullmatch(r"alice-example-tiny-ddp-\d{14}", request["TrainingJobName"])
+    spec = request["AlgorithmSpecification"]
+    assert spec["TrainingImage"] == GPU_IMAGE
+    assert spec["ContainerEntrypoint"] == ["/bin/bash"]
+    assert "sm_drivers/sm_train.sh" in spec["ContainerArguments"][-1]
+    assert request["ResourceConfig"] == {"InstanceType": "ml.g5.xlarge", "InstanceCount": 2, "VolumeSizeInGB": 30}
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 1800}
+    assert request["CheckpointConfig"]["LocalPath"] == "/opt/ml/checkpoints"
+    assert request["CheckpointConfig"]["S3Uri"].startswith(f"s3://{DEFAULT_BUCKET}/alice-example-tiny-ddp/")
+    assert request["Environment"] == {"SM_CHECKPOINT_DIR": "/opt/ml/checkpoints"}
+    assert request["HyperParameters"] == {"epochs": "2", "lr": "0.05"}
+    assert request["RoleArn"] == sj.PLACEHOLDER_ROLE_ARN
+    assert "VpcConfig" not in request
+    tags = {t["Key"]: t["Value"] for t in request["Tags"]}
+    assert tags == {"workshop": aws.WORKSHOP_NAME, "workshop-user": "alice-example", "workshop-lab": "tiny_ddp"}
+
+    uris = channel_uris(request)
+    assert sorted(uris) == ["code", "sm_drivers", "test", "train"]
+    assert uris["train"] == f"s3://{DEFAULT_BUCKET}/{aws.WORKSHOP_NAME}/alice-example/data/mnist/train"
+    assert request.code_files == ["train.py"]  # __pycache__ stays home
+    assert json.loads(request.sm_drivers["distributed.json"]) == {"process_count_per_node": 1, "smp": None}
+    assert "torchrun_driver.py" in request.sm_drivers["sm_train.sh"]
+
+    out = shared_dry_run.printed
+    assert f'"TrainingImage": "{GPU_IMAGE}"' in out
+    assert f"source code: {uris['code']}" in out
+    assert "nothing was uploaded or created" in out
+    # The dry run's throwaway keys and moto are gone again.
+    assert shared_dry_run.credentials_after is None
+
+
+def test_metric_definitions_match_the_scripts_lines(shared_dry_run: SharedDryRun) -> None:
+    spec = shared_dry_run.request["AlgorithmSpecification"]
+    definitions = {d["Name"]: d["Regex"] for d in spec["MetricDefinitions"]}
+    assert set(definitions) == set(shared_dry_run.lab.metrics)
+    lines = [
+        metrics.format_line(rank=0, epoch=1, step=40, train_loss=0.1834),
+        metrics.format_line(rank=0, epoch=1, test_loss=0.0912, test_accuracy=0.971, samples_per_sec=812.4),
+    ]
+    expected = {"train_loss": 0.1834, "test_loss": 0.0912, "test_accuracy": 0.971, "samples_per_sec": 812.4}
+    for name, value in expected.items():
+        found = [m for m in (re.search(definitions[name], line) for line in lines) if m]
+        assert len(found) == 1 and float(found[0].group(1)) == pytest.approx(value), name
+        # Rank 0's lines only: the other ranks print the same names.
+        assert not re.search(definitions[name], metrics.format_line(rank=1, **{name: value}))
+
+
+def test_sdk_telemetry_is_opted_out(shared_dry_run: SharedDryRun) -> None:
+    assert shared_dry_run.telemetry_sent == []  # the dry run ran the decorated ModelTrainer.train
+    config = aws.sagemaker_session(boto3.Session(region_name=REGION)).sagemaker_config
+    assert config["SageMaker"]["PythonSDK"]["Modules"]["TelemetryOptOut"] is True
+
+
+def test_dry_run_vpc_region_and_smddp_image(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
+    request = sj.dry_run(
+        lab,
+        hyperparameters={"backend": "smddp"},
+        instance_type="ml.p4d.24xlarge",
+        region="eu-west-1",
+        subnets=["subnet-0abc"],
+        security_group_ids=["sg-0def"],
+        role="MyTrainingRole",
+        max_run_s=600,
+        tags={"team": "ml"},
+    )
+    assert request["AlgorithmSpecification"]["TrainingImage"] == SMDDP_IMAGE.replace(REGION, "eu-west-1")
+    assert request["VpcConfig"] == {"Subnets": ["subnet-0abc"], "SecurityGroupIds": ["sg-0def"]}
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 600}
+    assert request["RoleArn"] == f"arn:aws:iam::{ACCOUNT}:role/MyTrainingRole"
+    assert {"Key": "team", "Value": "ml"} in request["Tags"]
+    # procs_per_host not given: the Torchrun driver starts one process per GPU.
+    assert json.loads(request.sm_drivers["distributed.json"])["process_count_per_node"] is None
+    assert "PyTorch 2.5 (py311) image, the newest that ships smddp" in capsys.readouterr().out
+
+
+def test_dry_run_of_the_real_lab_3() -> None:
+    lab = get_lab("data_parallel")
+    if not lab.entry_path.is_file():
+        pytest.skip(f"{lab.entry_path} is not written yet")
+    request = sj.dry_run(lab, hyperparameters={"epochs": 1}, show=False)
+    assert request["AlgorithmSpecification"]["TrainingImage"].endswith(
+        f"pytorch-training:{lab.sagemaker.framework_version}-gpu-{lab.sagemaker.py_version}"
+    )
+    assert request["ResourceConfig"]["InstanceCount"] == lab.sagemaker.instance_count
+    assert "train.py" in request.code_files
+
+
+# --------------------------------------------------------------------------- real SDK path, fake AWS
+
+
+def test_build_and_submit(lab: Lab, fake_aws: FakeAws, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")  # moto lacks iam:SimulatePrincipalPolicy
+    trainer = sj.build_trainer(
+        lab,
+        hyperparameters={"epochs": 3},
+        role=fake_aws.role_arn,
+        instance_count=2,
+        procs_per_host=2,
+        region=REGION,
+        subnets=["subnet-1"],
+        security_group_ids=["sg-1"],
+    )
+    sent: dict[str, Any] = {}
+    trainer.sagemaker_session.boto_session.events.register(
+        "before-parameter-build.sagemaker.CreateTrainingJob", lambda params, **_: sent.update(params)
+    )
+    inputs = {"train": f"s3://{DEFAULT_BUCKET}/data/train", "test": f"s3://{DEFAULT_BUCKET}/data/test"}
+    result = sj.submit(trainer, inputs, wait=True, logs=True)
+
+    assert result.ok and result.status == "Completed"
+    assert result.job_name == sent["TrainingJobName"]
+    assert result.job_name.startswith("alice-example-tiny-ddp-")
+    assert result.model_artifact == f"s3://{DEFAULT_BUCKET}/alice-example-tiny-ddp/{result.job_name}/output/model.tar.gz"
+    assert result.console_url.endswith(f"#/jobs/{result.job_name}")
+    assert sent["StoppingCondition"] == {"MaxRuntimeInSeconds": 1800}
+    assert sent["Environment"] == {"SM_CHECKPOINT_DIR": "/opt/ml/checkpoints"}
+    assert [d["Name"] for d in sent["AlgorithmSpecification"]["MetricDefinitions"]] == list(lab.metrics)
+
+    # What SageMaker (moto) recorded.
+    described = fake_aws.boto.client("sagemaker").describe_training_job(TrainingJobName=result.job_name)
+    assert described["AlgorithmSpecification"]["TrainingImage"] == GPU_IMAGE
+    assert described["ResourceConfig"]["InstanceType"] == "ml.g5.xlarge"
+    assert described["ResourceConfig"]["InstanceCount"] == 2
+    assert described["StoppingCondition"]["MaxRuntimeInSeconds"] == 1800
+    assert described["CheckpointConfig"]["LocalPath"] == "/opt/ml/checkpoints"
+    assert described["HyperParameters"] == {"epochs": "3"}
+    assert described["RoleArn"] == fake_aws.role_arn
+    assert described["VpcConfig"] == {"SecurityGroupIds": ["sg-1"], "Subnets": ["subnet-1"]}
+    assert channel_uris(described)["train"] == inputs["train"]
+    tags = fake_aws.boto.client("sagemaker").list_tags(ResourceArn=described["TrainingJobArn"])["Tags"]
+    assert {"Key": "workshop-user", "Value": "alice-example"} in tags
+    assert {"Key": "workshop-lab", "Value": "tiny_ddp"} in tags
+
+    # Torchrun is not in the request: it travels as sm_drivers/distributed.json.
+    drivers = channel_uris(described)["sm_drivers"]
+    assert json.loads(fake_aws.read(f"{drivers}/distributed.json")) == {"process_count_per_node": 2, "smp": None}
+    assert "torchrun_driver.py" in fake_aws.read(f"{drivers}/sm_train.sh").decode()
+    source = json.loads(fake_aws.read(f"{drivers}/sourcecode.json"))
+    assert source["entry_script"] == "train.py" and source["source_dir"] == str(lab.source_dir)
+    assert fake_aws.read(f"{channel_uris(described)['code']}/train.py").decode() == (lab.source_dir / "train.py").read_text()
+
+
+def test_sdk_role_check_against_moto_names_the_switch(lab: Lab, fake_aws: FakeAws) -> None:
+    # The SDK checks the role with iam:SimulatePrincipalPolicy, which moto lacks.
+    with pytest.raises(WorkshopError, match="IAM role check") as info:
+        sj.build_trainer(lab, hyperparameters={}, role=fake_aws.role_arn, region=REGION)
+    assert "SAGEMAKER_VALIDATE_ROLE=false" in info.value.fix
+    trainer = sj.build_trainer(lab, hyperparameters={}, role=fake_aws.role_arn, region=REGION, validate_role=False)
+    assert trainer.role == fake_aws.role_arn
+    assert "SAGEMAKER_VALIDATE_ROLE" not in os.environ  # set only while the trainer was built
+
+
+def test_run_lab_on_sagemaker_end_to_end(
+    lab: Lab, fake_aws: FakeAws, data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")
+    monkeypatch.setenv(aws.ROLE_ENV, fake_aws.role_arn)
+    result = sj.run_lab_on_sagemaker(
+        lab, hosts=2, procs_per_host=1, hyperparameters={"epochs": 1}, data_dir=data_dir, region=REGION
+    )
+    assert isinstance(result, sj.JobResult) and result.status == "Completed"
+    described = fake_aws.boto.client("sagemaker").describe_training_job(TrainingJobName=result.job_name)
+    uris = channel_uris(described)
+    for channel in ("train", "test"):
+        assert uris[channel] == f"s3://{DEFAULT_BUCKET}/{sj.data_prefix()}/{channel}"
+        assert f"{DEFAULT_BUCKET}/{sj.data_prefix()}/{channel}/mnist.npz" in fake_aws.objects()
+    out = capsys.readouterr().out
+    for step in range(1, 6):
+        assert f"step {step}/5" in out
+    assert [j["TrainingJobName"] for j in fake_aws.training_jobs()] == [result.job_name]
+
+
+def test_run_lab_dry_run_mode_needs_no_credentials(lab: Lab, data_dir: Path) -> None:
+    request = sj.run_lab_on_sagemaker(
+        lab, hosts=3, procs_per_host=None, hyperparameters={"lr": 0.1}, data_dir=data_dir, dry_run=True
+    )
+    assert isinstance(request, sj.DryRunRequest)
+    assert request["ResourceConfig"]["InstanceCount"] == 3
+    assert request["HyperParameters"] == {"lr": "0.1"}
+
+
+def test_job_records_read_cloudwatch_like_a_local_run(fake_aws: FakeAws) -> None:
+    logs = fake_aws.boto.client("logs")
+    logs.create_log_group(logGroupName=sj.LOG_GROUP)
+    job = "alice-example-tiny-ddp-20260101000000"
+    lines = {
+        "algo-1-1700000000": [
+            "torchrun starting",
+            metrics.format_line(rank=0, epoch=1, step=10, train_loss=0.5),
+            metrics.format_line(rank=0, epoch=1, test_accuracy=0.9),
+        ],
+        "algo-2-1700000001": [metrics.format_line(rank=1, epoch=1, step=10, train_loss=0.6)],
+    }
+    now_ms = int(time.time() * 1000)  # CloudWatch (and moto) reject events older than 14 days
+    for stream, messages in lines.items():
+        logs.create_log_stream(logGroupName=sj.LOG_GROUP, logStreamName=f"{job}/{stream}")
+        logs.put_log_events(
+            logGroupName=sj.LOG_GROUP,
+            logStreamName=f"{job}/{stream}",
+            logEvents=[{"timestamp": now_ms + i, "message": m} for i, m in enumerate(messages)],
+        )
+    records = sj.job_records(job, fake_aws.boto)
+    assert records == [
+        {"rank": 0, "epoch": 1, "step": 10, "train_loss": 0.5, "host": "algo-1"},
+        {"rank": 0, "epoch": 1, "test_accuracy": 0.9, "host": "algo-1"},
+        {"rank": 1, "epoch": 1, "step": 10, "train_loss": 0.6, "host": "algo-2"},
+    ]
+    # The same records a local run's prefixed output gives.
+    local = metrics.parse_lines(
+        [f"[algo-1/0] {lines['algo-1-1700000000'][1]}", f"[algo-2/1] {lines['algo-2-1700000001'][0]}"]
+    )
+    assert metrics.series(records, "train_loss") == metrics.series(local, "train_loss")
+    assert sj.job_records("no-such-job", fake_aws.boto) == []
+
+
+def test_download_model(fake_aws: FakeAws, tmp_path: Path) -> None:
+    uri = f"s3://{DEFAULT_BUCKET}/job/output/model.tar.gz"
+    result = sj.JobResult(
+        job_name="job",
+        status="Completed",
+        final_metrics={},
+        model_artifact=uri,
+        console_url=sj.console_url("job", REGION),
+        region=REGION,
+        boto_session=fake_aws.boto,
+    )
+    with pytest.raises(WorkshopError, match="No model at"):
+        result.download_model(tmp_path / "missing")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        payload = b"weights"
+        info = tarfile.TarInfo("model.pt")
+        info.size = len(payload)
+        archive.addfile(info, io.BytesIO(payload))
+    fake_aws.boto.client("s3").put_object(Bucket=DEFAULT_BUCKET, Key="job/output/model.tar.gz", Body=buffer.getvalue())
+    dest = result.download_model(tmp_path / "model")
+    assert (dest / "model.pt").read_bytes() == b"weights"
+
+
+# --------------------------------------------------------------------------- errors create nothing
+
+
+def test_no_credentials_in_sagemaker_mode(
+    lab: Lab, fake_aws: FakeAws, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(key, raising=False)  # moto set its own; take them away
+    with pytest.raises(WorkshopError, match="No AWS credentials") as info:
+        sj.run_lab_on_sagemaker(
+            lab, hosts=2, procs_per_host=1, hyperparameters={}, data_dir=data_dir, role=fake_aws.role_arn
+        )
+    assert "aws configure" in info.value.fix and "AWS_PROFILE" in info.value.fix
+    assert "SageMaker notebook instance" in info.value.fix
+    assert fake_aws.training_jobs() == [] and fake_aws.objects() == []
+
+
+def test_no_role(lab: Lab, fake_aws: FakeAws, data_dir: Path) -> None:
+    with pytest.raises(WorkshopError, match="No IAM role") as info:
+        sj.run_lab_on_sagemaker(lab, hosts=2, procs_per_host=1, hyperparameters={}, data_dir=data_dir)
+    assert "role=" in info.value.fix and aws.ROLE_ENV in info.value.fix and "notebook instance" in info.value.fix
+    assert fake_aws.training_jobs() == [] and fake_aws.objects() == []
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["sagemaker", "dry-run"])
+@pytest.mark.parametrize(
+    ("hyperparameters", "instance_type", "message"),
+    [
+        ({"backend": "smddp"}, "ml.g5.xlarge", "backend=smddp does not run on ml.g5.xlarge"),
+        ({"epochs": "three"}, None, "invalid int value: 'three'"),
+        ({"epochs": 0}, None, "--epochs must be at least 1"),
+        ({"backend": "nccl"}, "ml.m5.xlarge", "backend=nccl needs GPUs"),
+    ],
+    ids=["smddp-on-g5", "non-numeric", "check_args", "nccl-on-cpu"],
+)
+def test_invalid_jobs_create_nothing(
+    lab: Lab,
+    fake_aws: FakeAws,
+    data_dir: Path,
+    dry_run: bool,
+    hyperparameters: dict[str, Any],
+    instance_type: str | None,
+    message: str,
+) -> None:
+    with pytest.raises(WorkshopError, match=re.escape(message)):
+        sj.run_lab_on_sagemaker(
+            lab,
+            hosts=2,
+            procs_per_host=1,
+            hyperparameters=hyperparameters,
+            data_dir=data_dir,
+            instance_type=instance_type,
+            role=fake_aws.role_arn,
+            dry_run=dry_run,
+        )
+    assert fake_aws.training_jobs() == [] and fake_aws.objects() == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"instance_count": 0}, "The instance count must be"),
+        ({"procs_per_host": 0}, "Processes per host must be"),
+        ({"max_run_s": 0}, "max_run_s must be"),
+        ({"max_run_s": 30 * 24 * 3600}, "max_run_s must be"),
+        ({"instance_type": "g5.xlarge"}, "Not a SageMaker training instance type"),
+        ({"subnets": ["subnet-1"]}, "needs both subnets and security groups"),
+        ({"output_s3_uri": "/tmp/out"}, "output_s3_uri must be an s3:// URI"),
+    ],
+)
+def test_plan_rejects(lab: Lab, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(WorkshopError, match=re.escape(message)):
+        sj.plan_job(lab, hyperparameters={}, region=REGION, **kwargs)
+
+
+def test_plan_picks_cpu_or_gpu_image_and_world_size(lab: Lab) -> None:
+    cpu = sj.plan_job(lab, hyperparameters={}, region=REGION, instance_type="ml.m5.xlarge", instance_count=3)
+    assert cpu.image_uri.endswith("pytorch-training:2.9-cpu-py312") and cpu.world_size == 3
+    gpu = sj.plan_job(lab, hyperparameters={"backend": "smddp"}, region=REGION, instance_type="ml.p4d.24xlarge")
+    assert gpu.image_uri == SMDDP_IMAGE and gpu.procs_per_host is None and gpu.world_size == 2 * 8
+    assert sj.plan_job(lab, hyperparameters={}, region=REGION, procs_per_host=4).world_size == 8
+
+
+def test_other_launchers_are_not_built_yet(tmp_path: Path) -> None:
+    mpi_lab = make_lab(tmp_path, launcher="mpi", key="tiny_mpi")
+    with pytest.raises(sj.LauncherNotSupported, match="'mpi'") as info:
+        sj.dry_run(mpi_lab, hyperparameters={})
+    assert isinstance(info.value, WorkshopError) and isinstance(info.value, NotImplementedError)
+
+
+def test_reserved_channel_names(lab: Lab, fake_aws: FakeAws, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")
+    trainer = sj.build_trainer(lab, hyperparameters={}, role=fake_aws.role_arn, region=REGION)
+    with pytest.raises(WorkshopError, match="reserved"):
+        sj.submit(trainer, {"code": f"s3://{DEFAULT_BUCKET}/x"})
+    assert fake_aws.training_jobs() == []
+
+
+# --------------------------------------------------------------------------- workshop.aws
+
+
+def test_user_prefix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(aws.USER_ENV, "Jörg O'Brien_the-Third!!")
+    assert aws.user_prefix() == "jorg-o-brien-the"
+    monkeypatch.setenv(aws.USER_ENV, "!!!")
+    assert aws.user_prefix() == "user"
+    # On SageMaker everyone is ec2-user: the notebook instance's name says who it is.
+    monkeypatch.delenv(aws.USER_ENV)
+    monkeypatch.setattr(aws, "_login_name", lambda: "ec2-user")
+    metadata = tmp_path / "resource-metadata.json"
+    metadata.write_text(json.dumps({"ResourceName": "Attendee-07"}))
+    monkeypatch.setattr(aws, "NOTEBOOK_METADATA_FILE", str(metadata))
+    assert aws.user_prefix() == "attendee-07"
+
+
+def test_resolve_role(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake_aws: FakeAws) -> None:
+    explicit = f"arn:aws:iam::{ACCOUNT}:role/Explicit"
+    assert aws.resolve_role(explicit) == explicit
+    assert aws.resolve_role("WorkshopTraining", fake_aws.boto) == fake_aws.role_arn  # a name, via IAM
+    with pytest.raises(WorkshopError, match="does not exist"):
+        aws.resolve_role("NoSuchRole", fake_aws.boto)
+    monkeypatch.setenv(aws.ROLE_ENV, fake_aws.role_arn)
+    assert aws.resolve_role(None, fake_aws.boto) == fake_aws.role_arn
+    # On a notebook instance: the SDK's own lookup, which reads the metadata file.
+    import sagemaker.core.helper.session_helper as session_helper
+
+    monkeypatch.delenv(aws.ROLE_ENV)
+    notebook_role = f"arn:aws:iam::{ACCOUNT}:role/service-role/AmazonSageMaker-ExecutionRole-1"
+    metadata = tmp_path / "resource-metadata.json"
+    metadata.write_text(json.dumps({"ResourceName": "nb", "ExecutionRoleArn": notebook_role}))
+    monkeypatch.setattr(aws, "NOTEBOOK_METADATA_FILE", str(metadata))
+    monkeypatch.setattr(session_helper, "NOTEBOOK_METADATA_FILE", str(metadata))
+    assert aws.resolve_role(None, fake_aws.boto) == notebook_role
+
+
+def test_require_credentials(fake_aws: FakeAws, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert aws.require_credentials(fake_aws.boto).startswith(f"arn:aws:sts::{ACCOUNT}:")
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    with pytest.raises(WorkshopError, match="No AWS region"):
+        aws.require_credentials(boto3.Session(aws_access_key_id="a", aws_secret_access_key="b"))
+
+
+def test_default_bucket_is_the_sdks(fake_aws: FakeAws) -> None:
+    assert aws.default_bucket(fake_aws.boto) == DEFAULT_BUCKET

@@ -142,7 +142,8 @@ LABS: dict[str, Lab] = {
             launcher="torchrun",
             local_hosts=2,
             local_procs_per_host=1,
-            local_hyperparameters={"epochs": 3},
+            # log-interval 5: a few points per epoch on the 4,000-digit subset, for the plots
+            local_hyperparameters={"epochs": 3, "log-interval": 5},
             sagemaker=SageMakerDefaults(
                 framework="pytorch",
                 framework_version="2.9",

@@ -33,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import os
 import queue
+import random
 import re
 import shutil
 import signal
@@ -145,8 +146,28 @@ class ClusterResult:
         return self
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A free port below the kernel's ephemeral range.
+
+    A port from bind(0) is ephemeral: once released, the kernel may hand it to any other
+    socket (gloo's own connections open dozens) before torchrun binds it. Ports below the
+    range are only ever taken on purpose, so the one picked here stays free.
+    """
+    low, _ = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, max(20001, min(low, 32768)))
+        if not port_in_use(port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # crowded machine: any port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

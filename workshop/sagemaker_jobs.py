@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workshop import aws
+from workshop.contract import RESERVED_CHANNELS  # taken by SDK v3 (see the module docstring)
 from workshop.errors import WorkshopError
 from workshop.labs import Lab, get_lab
 from workshop.metrics import parse_lines, sagemaker_metric_definitions
@@ -97,7 +98,6 @@ PLACEHOLDER_ROLE_ARN = f"arn:aws:iam::{PLACEHOLDER_ACCOUNT}:role/WorkshopDryRunP
 DRY_RUN_REGION = "us-east-1"  # when no region is configured: a dry run needs one for the image
 # The SDK's default ignore list for source_dir (`SourceCode.ignore_patterns`) plus byte code.
 SOURCE_IGNORE_PATTERNS = [".env", ".git", "__pycache__", ".DS_Store", ".cache", ".ipynb_checkpoints", "*.pyc"]
-RESERVED_CHANNELS = ("code", "sm_drivers")  # taken by SDK v3 (see the module docstring)
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 POLL_S = 15.0
 TERMINAL_STATUSES = ("Completed", "Failed", "Stopped")

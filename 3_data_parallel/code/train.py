@@ -20,7 +20,7 @@ and `labels`), the model to SM_MODEL_DIR, checkpoints to SM_CHECKPOINT_DIR. Each
 local default so the script runs with no SageMaker around it. Ranks come from the
 launcher (RANK, WORLD_SIZE, LOCAL_RANK, ...); without one it is a world of one.
 
-The lines that make it distributed are marked `# DDP:`.
+The lines that make it distributed carry a `DDP:` comment.
 Metric lines (`METRICS rank=0 epoch=1 ... test_accuracy=0.97`) are what SageMaker's
 metric definitions and the workshop's local log parser read.
 """

@@ -40,6 +40,19 @@ def no_processes_left(result) -> bool:
     return not alive
 
 
+def _processes_in(folder) -> list:
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.cwd().startswith(str(folder)) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
+            continue
+    return found
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -178,3 +191,38 @@ def test_port_in_use_is_refused(tmp_path):
         port = s.getsockname()[1]
         with pytest.raises(WorkshopError, match=f"Port {port} .* already in use"):
             LocalCluster(PROBE_CODE, master_port=port)
+
+
+def test_a_killed_notebook_kernel_takes_its_cluster_with_it(tmp_path, channels):
+    """SIGKILL of the process that started the cluster (a kernel restart) leaves nothing behind."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "from sagemaker.train.distributed import Torchrun;"
+        "from workshop.local_cluster import LocalCluster;"
+        "c = LocalCluster(sys.argv[2], hosts=2, procs_per_host=2, distributed=Torchrun(process_count_per_node=2),"
+        " workdir=sys.argv[3], echo=False, extra_env={'PROBE_SLEEP': '600'});"
+        "c.run({}, {'train': sys.argv[4]})"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code, str(PROBE_CODE.parent.parent.parent), str(PROBE_CODE),
+                               str(tmp_path / "run"), str(channels["train"])])
+    try:
+        deadline = time.monotonic() + 120
+        while len(list((tmp_path / "run").rglob("env-rank*.json"))) < 4 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        pids = [json.loads(f.read_text())["pid"] for f in (tmp_path / "run").rglob("env-rank*.json")]
+        assert len(pids) == 4, "the probe ranks never started"
+        parent.kill()
+        parent.wait()
+        # The hosts' drivers get SIGTERM from the kernel (PR_SET_PDEATHSIG) and pass it to
+        # torchrun, which stops its ranks: a few seconds, not the 600 the ranks would sleep.
+        deadline = time.monotonic() + 60
+        while ([p for p in pids if _alive(p)] or _processes_in(tmp_path / "run")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not [p for p in pids if _alive(p)], "ranks outlived the process that started them"
+        # Nor any launcher: every host's driver and torchrun ran inside the run folder.
+        assert not _processes_in(tmp_path / "run"), "launchers outlived the process that started them"
+    finally:
+        parent.kill()

@@ -1,0 +1,156 @@
+"""Every notebook, top to bottom, in `mode = "sagemaker"`, against a fake SageMaker.
+
+nbval runs the notebooks in `local` mode (the default); this test covers the cells that run only
+in `sagemaker` mode. Each notebook `[0-9]_*/*.ipynb` is executed with nbclient in this
+environment's Python, with two cells injected:
+
+- first: start `tests/fake_sagemaker.py` in the kernel (moto in-process, with
+  CreateTrainingJob running the job it was given on the local cluster: S3 in, CloudWatch logs,
+  metrics, `model.tar.gz` out; no AWS account);
+- right after the `parameters`-tagged cell: `mode = "sagemaker"` (plus `OVERRIDES` below).
+
+and one at the end that prints what the fake ran. The notebook must run without an error, and
+its outputs must show that a training job really ran and completed there: the fake's record of
+each job (Completed, log lines in CloudWatch, a model in S3), the workshop's `Completed` line for
+that job with its console URL, and an accuracy line. A notebook whose sagemaker cells silently
+did nothing fails.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+NOTEBOOKS = sorted(REPO.glob("[0-9]_*/*.ipynb"))
+KERNEL_NAME = "workshop-fake-sagemaker-test"
+CELL_TIMEOUT_S = 900
+# Extra parameter values per notebook (folder name -> code), e.g. smaller sizes for slow labs.
+OVERRIDES: dict[str, str] = {}
+# Lab-specific lines its sagemaker run must print, on top of the checks every notebook gets.
+EXPECTED_OUTPUT: dict[str, tuple[str, ...]] = {
+    "3_data_parallel": ("final test accuracy:", "weights digest per rank:", "ranks, one set of weights"),
+}
+SUMMARY_MARK = "FAKE_SAGEMAKER_JOBS="
+PYTHON_MARK = "FAKE_SAGEMAKER_KERNEL_PYTHON="
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def kernel_name(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A kernelspec, in a JUPYTER_PATH of its own, that runs this very interpreter."""
+    root = tmp_path_factory.mktemp("jupyter")
+    spec = root / "kernels" / KERNEL_NAME
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "workshop (fake SageMaker test)",
+                "language": "python",
+            }
+        )
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JUPYTER_PATH", str(root))
+        mp.setenv("MPLBACKEND", "Agg")
+        yield KERNEL_NAME
+
+
+def _code(source: str, tag: str) -> nbformat.NotebookNode:
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["tags"] = [tag]
+    return cell
+
+
+def _prepare(nb: nbformat.NotebookNode, folder: str) -> nbformat.NotebookNode:
+    """The notebook with the fake started first and `mode = "sagemaker"` after its parameters."""
+    tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1, f"{folder}: expected one cell tagged 'parameters', found {len(tagged)}"
+    start = _code(
+        "import sys\n"
+        f"sys.path.insert(0, {str(TESTS)!r})\n"
+        "import fake_sagemaker\n"
+        "fake_sagemaker.start()\n"
+        f"print({PYTHON_MARK!r} + sys.executable)\n",
+        "injected-fake-sagemaker",
+    )
+    params = _code('mode = "sagemaker"\n' + OVERRIDES.get(folder, ""), "injected-parameters")
+    summary = _code(
+        "import json\n"
+        f"print({SUMMARY_MARK!r} + json.dumps(fake_sagemaker.active().summary()))\n"
+        "fake_sagemaker.stop()\n",
+        "injected-summary",
+    )
+    cells = list(nb.cells)
+    cells.insert(tagged[0] + 1, params)
+    nb.cells = [start, *cells, summary]
+    return nb
+
+
+def _stream_text(nb: nbformat.NotebookNode) -> str:
+    parts = []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream":
+                parts.append(output.get("text", ""))
+            elif "data" in output and "text/plain" in output["data"]:
+                parts.append(output["data"]["text/plain"] + "\n")
+    return "".join(parts)
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.parent.name for p in NOTEBOOKS])
+def test_notebook_runs_in_sagemaker_mode(path: Path, kernel_name: str, tmp_path: Path) -> None:
+    from nbclient import NotebookClient
+
+    nb = _prepare(nbformat.read(path, as_version=4), path.parent.name)
+    artifacts = path.parent / "artifacts"
+    artifacts_before = set(artifacts.iterdir()) if artifacts.is_dir() else set()
+    client = NotebookClient(
+        nb,
+        kernel_name=kernel_name,
+        timeout=CELL_TIMEOUT_S,
+        allow_errors=False,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    try:
+        client.execute()  # raises CellExecutionError, with the cell and its traceback
+    finally:
+        nbformat.write(nb, tmp_path / path.name)  # the executed notebook, for a look after a failure
+        if artifacts.is_dir():  # models the notebook downloaded (its sagemaker cells write there)
+            for created in set(artifacts.iterdir()) - artifacts_before:
+                shutil.rmtree(created, ignore_errors=True)
+            if not artifacts_before and not any(artifacts.iterdir()):
+                artifacts.rmdir()
+
+    text = _stream_text(nb)
+    kernel_python = re.search(rf"^{re.escape(PYTHON_MARK)}(.*)$", text, re.MULTILINE)
+    assert kernel_python and Path(kernel_python.group(1)) == Path(sys.executable), "the kernel is not this venv's Python"
+
+    summary = re.search(rf"^{re.escape(SUMMARY_MARK)}(.*)$", text, re.MULTILINE)
+    assert summary, "the injected summary cell printed nothing"
+    jobs = json.loads(summary.group(1))
+    assert jobs, f"{path.name} ran no SageMaker training job in sagemaker mode"
+    for job in jobs:
+        name = job["name"]
+        assert job["status"] == "Completed", f"job {name}: {job['status']}: {job['failure_reason']}"
+        assert job["hosts"] >= 1 and sum(job["log_lines"].values()) > 0, job
+        assert job["model_artifact"], job
+        # The workshop followed the job to its end and said so, with its console URL.
+        assert f"[sagemaker] job {name} Completed" in text
+        assert f"#/jobs/{name}" in text
+    assert re.search(r"accuracy[^\n]*\d\.\d+", text, re.IGNORECASE), "no accuracy line in the outputs"
+    for expected in EXPECTED_OUTPUT.get(path.parent.name, ()):
+        assert expected in text, f"{expected!r} is missing from the outputs"
+    if "download_model(" in "".join(c.source for c in nb.cells):  # the model the job wrote came from S3
+        assert any(f"Model from {job['model_artifact']}" in text for job in jobs)

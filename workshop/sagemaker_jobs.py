@@ -751,6 +751,7 @@ def dry_run(
     tags: Mapping[str, str] | Sequence[Any] | None = None,
     inputs: Mapping[str, str] | None = None,
     show: bool = True,
+    train_samples: int | None = None,
 ) -> DryRunRequest:
     """The exact CreateTrainingJob request SDK v3 would send, with no credentials at all.
 
@@ -759,30 +760,8 @@ def dry_run(
     there. Same arguments as `build_trainer`, plus `inputs` (channel -> S3 URI; default: where
     `run_lab_on_sagemaker` would upload MNIST). Without a role, a placeholder ARN is used.
     `show` prints the request as JSON, with where the source code and drivers went.
+    `train_samples` (the prepared training set's size) lets the script check each rank's share.
     """
-    return _dry_run(**locals())
-
-
-def _dry_run(
-    lab: Lab | str,
-    *,
-    hyperparameters: Mapping[str, Any] | None,
-    role: str | None = None,
-    instance_type: str | None = None,
-    instance_count: int | None = None,
-    procs_per_host: int | None = None,
-    region: str | None = None,
-    subnets: Sequence[str] | None = None,
-    security_group_ids: Sequence[str] | None = None,
-    max_run_s: int | None = None,
-    checkpoint_s3_uri: str | None = None,
-    output_s3_uri: str | None = None,
-    base_job_name: str | None = None,
-    tags: Mapping[str, str] | Sequence[Any] | None = None,
-    inputs: Mapping[str, str] | None = None,
-    show: bool = True,
-    train_samples: int | None = None,
-) -> DryRunRequest:
     region_note = ""
     if not region:
         with contextlib.suppress(WorkshopError):
@@ -814,6 +793,10 @@ def _dry_run(
     if show:
         _print_dry_run(plan, request, role_arn == PLACEHOLDER_ROLE_ARN)
     return request
+
+
+# `run_lab_on_sagemaker` takes a `dry_run` flag, which shadows the function's name there.
+_dry_run = dry_run
 
 
 def _dry_run_role(role: str | None) -> str:

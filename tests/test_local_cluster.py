@@ -98,6 +98,14 @@ def test_contract_variables_per_host_and_rank(tmp_path, channels):
     assert json.loads((result.hosts[0].sandbox.config_dir / "hyperparameters.json").read_text())["epochs"] == "2"
 
 
+def test_one_host_jobs_do_not_share_torchruns_default_port(tmp_path, channels):
+    """With one host the SDK's driver passes no --master_port; torchrun would take 29500."""
+    result = cluster(tmp_path, hosts=1, procs=2).run({}, channels)
+    seen = envs(result)
+    assert sorted(seen) == [0, 1]
+    assert {env["MASTER_PORT"] for env in seen.values()} == {seen[0]["SM_MASTER_PORT"]} != {"29500"}
+
+
 def test_lines_are_whole_tagged_and_parsed(tmp_path, channels):
     result = cluster(tmp_path, hosts=2, procs=1).run({}, channels)
     for rank, host in ((0, "algo-1"), (1, "algo-2")):

@@ -109,3 +109,12 @@ def test_cli_errors_name_the_fix(capsys):
 def test_cli_lists_labs():
     proc = subprocess.run([sys.executable, "-m", "workshop", "labs"], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert proc.returncode == 0 and "3_data_parallel" in proc.stdout
+
+
+def test_glued_metric_lines_yield_every_record():
+    """Ranks sharing one stdout can glue lines together; each record keeps its own rank."""
+    glued = "METRICS rank=0 epoch=3 test_accuracy=0.95METRICS rank=1 weights_sha256=ab"
+    assert metrics.parse_lines([glued]) == [
+        {"rank": 0, "epoch": 3, "test_accuracy": 0.95},
+        {"rank": 1, "weights_sha256": "ab"},
+    ]

@@ -339,6 +339,10 @@ class LocalCluster:
                     # torchrun reads its flags from PET_* too: --tee 3 tags each worker line
                     # with its local rank, without changing the command line the driver builds.
                     "PET_TEE": "3",
+                    # With one host the SDK's driver passes no --master_port and torchrun would
+                    # take its default 29500, shared by every local job on this machine.
+                    "PET_MASTER_ADDR": "127.0.0.1",
+                    "PET_MASTER_PORT": str(port),
                     # The drivers call `torchrun`/`mpirun` from PATH and `python` as sys.executable.
                     "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
                 }

@@ -62,27 +62,36 @@ def _value(text: str) -> Any:
 
 
 def parse_line(line: str) -> dict[str, Any] | None:
-    """One record from one log line, or None when the line carries no metrics."""
+    """One record from one log line, or None when the line carries no metrics.
+
+    When two ranks' output was glued into one line, only the first record is taken here;
+    `parse_lines` takes them all.
+    """
+    records = _parse(line)
+    return records[0] if records else None
+
+
+def _parse(line: str) -> list[dict[str, Any]]:
     host = prefix_rank = None
     match = CLUSTER_PREFIX.match(line)
     if match:
         host, prefix_rank = match["host"], match["rank"]
         line = line[match.end() :]
-    start = line.find(PREFIX + " ")
-    if start < 0:
-        return None
-    record: dict[str, Any] = {m["key"]: _value(m["value"]) for m in _PAIR.finditer(line[start:])}
-    if not record:
-        return None
-    if host is not None:
-        record.setdefault("host", host)
-    if prefix_rank is not None:
-        record.setdefault("rank", int(prefix_rank))
-    return record
+    records = []
+    for chunk in line.split(PREFIX + " ")[1:]:
+        record: dict[str, Any] = {m["key"]: _value(m["value"]) for m in _PAIR.finditer(chunk)}
+        if not record:
+            continue
+        if host is not None:
+            record.setdefault("host", host)
+        if prefix_rank is not None and len(records) == 0:
+            record.setdefault("rank", int(prefix_rank))
+        records.append(record)
+    return records
 
 
 def parse_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
-    return [r for r in (parse_line(line) for line in lines) if r is not None]
+    return [record for line in lines for record in _parse(line)]
 
 
 def last(records: list[dict[str, Any]], key: str, rank: int | None = 0) -> Any:

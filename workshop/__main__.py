@@ -4,6 +4,9 @@
     python -m workshop run LAB [--hosts N] [--procs-per-host P] [--mode local|sagemaker]
                                [--dry-run] [--hp KEY=VALUE ...]
     python -m workshop run all            # every lab, locally, then a summary table
+    python -m workshop network [--nat] [--show] [--cidr CIDR]   # the workshop VPC (create/reuse)
+    python -m workshop role                                     # the workshop's execution role
+    python -m workshop cleanup [--delete-s3]                    # stop jobs, delete network/role
 
 `run all` in local mode is the workshop's main job (`make workshop`).
 """
@@ -49,7 +52,41 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--instance-type", default=None, help="sagemaker mode: instance type; default: the lab's")
     run.add_argument("--role", default=None, help="sagemaker mode: execution role ARN (or set WORKSHOP_ROLE_ARN)")
     run.add_argument("--region", default=None, help="sagemaker mode: AWS region (default: your AWS config's)")
+    run.add_argument("--network", choices=("none", "endpoints", "nat"), default="none",
+                     help="sagemaker mode: run in the workshop VPC, reaching AWS through interface endpoints or a NAT gateway")
+    run.add_argument("--create-role", action="store_true", help="sagemaker mode: create/reuse the workshop's execution role")
+    net = sub.add_parser("network", help="create or reuse (or --show) your workshop VPC")
+    net.add_argument("--nat", action="store_true", help="a NAT gateway instead of interface endpoints (reaches PyPI)")
+    net.add_argument("--show", action="store_true", help="only say whether it exists; create nothing")
+    net.add_argument("--cidr", default=None, help="the VPC's CIDR block (default 10.87.0.0/16)")
+    net.add_argument("--region", default=None)
+    role = sub.add_parser("role", help="create or reuse your workshop SageMaker execution role")
+    role.add_argument("--region", default=None)
+    clean = sub.add_parser("cleanup", help="stop your running workshop jobs, delete your workshop network and role")
+    clean.add_argument("--delete-s3", action="store_true", help="also delete your workshop objects in S3")
+    clean.add_argument("--region", default=None)
     return parser
+
+
+def run_infra(args: argparse.Namespace) -> int:
+    from workshop import aws, infra
+
+    boto = aws.boto_session(args.region)
+    if args.command == "cleanup":
+        infra.cleanup(boto, delete_s3=args.delete_s3)
+        return 0
+    aws.require_credentials(boto)
+    if args.command == "role":
+        info = infra.ensure_role(boto)
+        print(f"{info.arn} ({'created' if info.created else 'reused'}); use it with --role {info.arn}")
+        return 0
+    if args.show:
+        vpc = infra.find_network(boto)
+        print(f"workshop network: {vpc or 'none'}")
+        return 0
+    network = infra.ensure_network(boto, egress="nat" if args.nat else "endpoints", cidr=args.cidr or infra.DEFAULT_CIDR)
+    print("\n".join(network.lines()))
+    return 0
 
 
 def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
@@ -75,6 +112,8 @@ def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
         dry_run=args.dry_run,
         role=args.role,
         region=args.region,
+        network=False if args.network == "none" else args.network,
+        create_role=args.create_role,
     )
 
 
@@ -128,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{lab.local_procs_per_host}, SageMaker {lab.sagemaker.instance_count} x {lab.sagemaker.instance_type}"
                 )
             return 0
+        if args.command in ("network", "role", "cleanup"):
+            return run_infra(args)
         hps = parse_hp(args.hp)
         if args.lab == "all":
             return run_all(args, hps)

@@ -6,7 +6,10 @@ The path every notebook and the CLI take in `sagemaker` mode is `run_lab_on_sage
    lab script's own parser, instance type and count, `max_run`, smddp's instance types, the
    VPC settings, the launcher) and settles the image, job name, tags and metric definitions;
 2. credentials, then the execution role (`workshop.aws`);
-3. `build_trainer` turns the plan into a `ModelTrainer`;
+   and the preflight (`workshop.infra.preflight`: permission simulation, the Service Quotas
+   value for the instance type, the cost estimate), before anything is created or uploaded;
+3. the workshop network and role if asked for (`workshop.infra`), and `build_trainer` turns
+   the plan into a `ModelTrainer`;
 4. the MNIST channels go to S3 once (`workshop.data.upload_channels`);
 5. `submit` starts the job, streams its CloudWatch logs, and returns a `JobResult`.
 
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 import json
 import os
@@ -96,6 +100,8 @@ MAX_RUNTIME_LIMIT_S = 28 * 24 * 3600
 PLACEHOLDER_ACCOUNT = "123456789012"
 PLACEHOLDER_ROLE_ARN = f"arn:aws:iam::{PLACEHOLDER_ACCOUNT}:role/WorkshopDryRunPlaceholder"
 DRY_RUN_REGION = "us-east-1"  # when no region is configured: a dry run needs one for the image
+DRY_RUN_SUBNET = "subnet-0123456789abcdef0"  # placeholders a dry run with network=... shows
+DRY_RUN_SECURITY_GROUP = "sg-0123456789abcdef0"
 # The SDK's default ignore list for source_dir (`SourceCode.ignore_patterns`) plus byte code.
 SOURCE_IGNORE_PATTERNS = [".env", ".git", "__pycache__", ".DS_Store", ".cache", ".ipynb_checkpoints", "*.pyc"]
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -752,6 +758,7 @@ def dry_run(
     inputs: Mapping[str, str] | None = None,
     show: bool = True,
     train_samples: int | None = None,
+    network: bool | str = False,
 ) -> DryRunRequest:
     """The exact CreateTrainingJob request SDK v3 would send, with no credentials at all.
 
@@ -761,7 +768,15 @@ def dry_run(
     `run_lab_on_sagemaker` would upload MNIST). Without a role, a placeholder ARN is used.
     `show` prints the request as JSON, with where the source code and drivers went.
     `train_samples` (the prepared training set's size) lets the script check each rank's share.
+    `network` (True, "endpoints" or "nat"): show the job in the workshop network, with
+    placeholder subnet and security group ids (`workshop.infra.ensure_network` makes real ones).
+    Also prints the network, role and cost, and which preflight checks need an account.
     """
+    from workshop import infra
+
+    egress = network_egress(network, subnets)
+    if egress:
+        subnets, security_group_ids = [DRY_RUN_SUBNET], [DRY_RUN_SECURITY_GROUP]
     region_note = ""
     if not region:
         with contextlib.suppress(WorkshopError):
@@ -789,6 +804,9 @@ def dry_run(
             _say(f"region {region}{region_note}")
         _describe_plan(plan)
     role_arn = _dry_run_role(role)
+    if show:
+        for line in infra.dry_run_lines(plan, role_arn, egress):
+            _say(line)
     request = _dry_run_from_plan(plan, role_arn, inputs)
     if show:
         _print_dry_run(plan, request, role_arn == PLACEHOLDER_ROLE_ARN)
@@ -797,6 +815,22 @@ def dry_run(
 
 # `run_lab_on_sagemaker` takes a `dry_run` flag, which shadows the function's name there.
 _dry_run = dry_run
+
+
+def network_egress(network: bool | str | None, subnets: Sequence[str] | None = None) -> str | None:
+    """`network=` as `workshop.infra`'s egress choice: None (no workshop VPC), "endpoints", "nat"."""
+    from workshop import infra
+
+    if network in (None, False, "", "none"):
+        return None
+    egress = "endpoints" if network is True else network
+    if egress not in infra.EGRESS_CHOICES:
+        raise WorkshopError(f"network must be True, False, 'endpoints' or 'nat', got {network!r}.",
+                            "pass network=True (interface endpoints) or network='nat'.")
+    if subnets:
+        raise WorkshopError("Pass either network=... (the workshop VPC) or subnets=..., not both.",
+                            "drop one of them.")
+    return egress
 
 
 def _dry_run_role(role: str | None) -> str:
@@ -1078,14 +1112,24 @@ def run_lab_on_sagemaker(
     security_group_ids: Sequence[str] | None = None,
     max_run_s: int | None = None,
     wait: bool = True,
+    network: bool | str = False,
+    create_role: bool = False,
 ) -> JobResult | DryRunRequest:
     """Run a lab as a SageMaker training job (or, with `dry_run`, show the request only).
 
     Checks the job, then credentials and role, builds the trainer, uploads the MNIST channels
     from `data_dir` once, and submits; every step is printed. All user errors are raised
     before anything is uploaded or created. A dry run needs no credentials and no role.
+
+    `network` (True/"endpoints" or "nat") runs the job in the workshop's own VPC
+    (`workshop.infra.ensure_network`, created or reused; it costs per hour while it exists, so
+    run `workshop.infra.cleanup()` when done); `create_role` creates or reuses the workshop's
+    least-privilege execution role (`workshop.infra.ensure_role`) when no role is given.
     """
+    from workshop import infra
+
     lab = get_lab(lab) if isinstance(lab, str) else lab
+    egress = network_egress(network, subnets)
     if dry_run:
         _say("dry run: checking the job (no AWS account is used)")
         if not _prepared(data_dir):
@@ -1102,6 +1146,7 @@ def run_lab_on_sagemaker(
             subnets=subnets,
             security_group_ids=security_group_ids,
             max_run_s=max_run_s,
+            network=network,
         )
 
     _say("step 1/5: checking the job")
@@ -1123,11 +1168,17 @@ def run_lab_on_sagemaker(
         max_run_s=max_run_s,
     )
     _describe_plan(plan)
-    _say("step 2/5: AWS credentials and the execution role")
+    _say("step 2/5: AWS credentials, the execution role, and the preflight checks")
     identity = aws.require_credentials(boto)
     _say(f"calling AWS as {identity} in {boto.region_name}")
-    role_arn = aws.resolve_role(role, boto)
+    creating_role = create_role and not role and not os.environ.get(aws.ROLE_ENV)
+    if creating_role:  # created in step 3, after the preflight; its ARN is known already
+        partition, account = identity.split(":")[1], identity.split(":")[4]
+        role_arn = f"arn:{partition}:iam::{account}:role/{infra.role_name()}"
+    else:
+        role_arn = infra.resolve_role(role, boto)
     _say(f"the job runs as {role_arn}")
+    infra.preflight(plan, role_arn, boto, identity=identity, network_egress=egress, creating_role=creating_role)
     if not _prepared(data_dir):
         from workshop.data import prepare_mnist
 
@@ -1138,7 +1189,16 @@ def run_lab_on_sagemaker(
         plan.hyperparameters, world_size=plan.world_size, train_samples=_train_samples(data_dir)
     )
 
-    _say("step 3/5: building the ModelTrainer")
+    _say("step 3/5: " + ("the workshop role, " if creating_role else "") + ("the workshop network, " if egress else "")
+         + "building the ModelTrainer")
+    if creating_role:
+        created = infra.ensure_role(boto)
+        _say(f"role {created.arn} " + ("created" if created.created else "reused"))
+    if egress:
+        net = infra.ensure_network(boto, egress=egress)
+        for line in net.lines():
+            _say(line)
+        plan = dataclasses.replace(plan, **net.job_args())
     session = aws.sagemaker_session(boto)
     trainer = _build_from_plan(plan, role_arn, session, validate_role=None)
 

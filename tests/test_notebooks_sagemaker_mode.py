@@ -37,6 +37,10 @@ CELL_TIMEOUT_S = 900
 OVERRIDES: dict[str, str] = {}
 # Lab-specific lines its sagemaker run must print, on top of the checks every notebook gets.
 EXPECTED_OUTPUT: dict[str, tuple[str, ...]] = {
+    "1_parameter_server": (
+        "final test accuracy:", "variable shards, all on parameter-server tasks", "steps asynchronously",
+        "[infra] cost: at most", "[infra] quota:", "[infra] network deleted:",  # preflight, then cleanup
+    ),
     "3_data_parallel": (
         "final test accuracy:", "weights digest per rank:", "ranks, one set of weights",
         "[infra] cost: at most", "[infra] quota:", "[infra] network deleted:",  # preflight, then cleanup

@@ -74,6 +74,16 @@ class Lab:
             from sagemaker.train.distributed import Torchrun
 
             return Torchrun(process_count_per_node=procs_per_host)
+        if self.launcher == "parameter_server":
+            from workshop.parameter_server import ParameterServer
+
+            if procs_per_host not in (None, 1):
+                raise WorkshopError(
+                    f"Lab {self.key!r} runs one training process per host (plus a parameter server), "
+                    f"not {procs_per_host}.",
+                    "use --procs-per-host 1 (the default) and more hosts for more workers.",
+                )
+            return ParameterServer()
         raise WorkshopError(f"Lab {self.key!r} has no launcher {self.launcher!r} yet.")
 
     def load_script(self) -> ModuleType:
@@ -134,6 +144,27 @@ def hyperparameters_to_argv(hyperparameters: dict[str, Any]) -> list[str]:
 LABS: dict[str, Lab] = {
     lab.key: lab
     for lab in [
+        Lab(
+            key="parameter_server",
+            folder="1_parameter_server",
+            title="Parameter server (TensorFlow 2 ParameterServerStrategy)",
+            strategy="asynchronous parameter server",
+            launcher="parameter_server",
+            local_hosts=3,  # 3 parameter servers, the coordinator, 2 workers: 6 TF processes
+            local_procs_per_host=1,
+            local_hyperparameters={"steps": 300, "log-interval": 50},
+            metrics=("train_loss", "test_loss", "test_accuracy", "steps_per_sec", "final_test_accuracy"),
+            sagemaker=SageMakerDefaults(
+                framework="tensorflow",
+                framework_version="2.21",
+                py_version="py312",
+                instance_type="ml.c5.2xlarge",
+                instance_count=3,
+                launcher="parameter_server",
+                procs_per_host=1,
+            ),
+            aliases=("1", "1_parameter_server", "ps"),
+        ),
         Lab(
             key="data_parallel",
             folder="3_data_parallel",

@@ -64,7 +64,13 @@ DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
 #   horovodrun (gloo):              "[3]<stdout>:text"     global rank
 # A launcher that forwards partial lines repeats the tag mid-line ("a, [default0]:b"), so
 # tags are found anywhere in a line and each rank's text is rebuilt into whole lines.
-_RANK_TAG = re.compile(r"\[default(?P<local>\d+)\]:|\[\d+,(?P<mpi>\d+)\]<std(?:out|err)>:|\[(?P<hvd>\d+)\]<std(?:out|err)>:")
+#   workshop ps_driver (lab 1):     "[chief0]:text", "[worker1]:text"   one training process
+#                                   per host, shown as the host's rank; its parameter servers'
+#                                   lines ("[ps2] text") stay the host's own lines
+_RANK_TAG = re.compile(
+    r"\[default(?P<local>\d+)\]:|\[\d+,(?P<mpi>\d+)\]<std(?:out|err)>:|\[(?P<hvd>\d+)\]<std(?:out|err)>:"
+    r"|\[(?:chief|worker)(?P<tf>\d+)\]: ?"
+)
 _TRACEBACK_START = "Traceback (most recent call last):"
 # Errors a rank raises because a peer went away first (gloo, NCCL, c10d store, MPI).
 _PEER_LOST = re.compile(
@@ -244,16 +250,31 @@ class LocalCluster:
         # Each simulated host gets its share of this machine, so that scripts sizing their
         # thread pools from SM_NUM_CPUS do not oversubscribe the cores.
         self.num_cpus = num_cpus or max(1, cpus // hosts)
-        if master_port is not None and port_in_use(master_port):
+        taken = [p for p in self._job_ports(master_port) if port_in_use(p)] if master_port is not None else []
+        if taken:
             raise WorkshopError(
-                f"Port {master_port} on 127.0.0.1 is already in use.",
+                f"Port {', '.join(map(str, taken))} on 127.0.0.1 is already in use"
+                + (f" (this job needs {master_port} and the ports its launcher derives from it)." if len(self._job_ports(master_port)) > 1 else "."),
                 "leave master_port unset (a free port is picked) or stop what holds it "
-                f"(`ss -ltnp 'sport = :{master_port}'` shows it).",
+                f"(`ss -ltnp 'sport = :{taken[0]}'` shows it).",
             )
         self.master_port = master_port
         self.stop_grace_s = stop_grace_s
         self.extra_env = dict(extra_env or {})
         self.echo = echo
+
+    def _job_ports(self, master_port: int) -> list[int]:
+        """The master port, and for launchers that derive more ports from it (lab 1's
+        parameter-server driver: `job_ports(base, hosts)`), those too."""
+        job_ports = getattr(self.distributed, "job_ports", None)
+        return list(job_ports(master_port, self.hosts)) if callable(job_ports) else [master_port]
+
+    def _pick_port(self) -> int:
+        for _ in range(50):
+            port = _free_port()
+            if not any(port_in_use(p) for p in self._job_ports(port)):
+                return port
+        raise WorkshopError("Found no free block of ports on 127.0.0.1 for this job.", "free some ports, or pass master_port.")
 
     @property
     def world_size(self) -> int:
@@ -306,7 +327,7 @@ class LocalCluster:
         hyperparameters = dict(hyperparameters or {})
         chans = self._check_channels(channels or {})
         driver, distributed = self._driver()
-        port = self.master_port or _free_port()
+        port = self.master_port or self._pick_port()
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         job_name = f"{self.name}-{stamp}-{uuid.uuid4().hex[:4]}"
         workdir = (self.workdir or DEFAULT_RUNS_DIR / job_name).resolve()
@@ -444,6 +465,8 @@ class _Run:
                 out.append((rank, text[pos : m.start()]))
             if m["local"] is not None:
                 rank = str(host.host_rank * self.c.procs_per_host + int(m["local"]))
+            elif m["tf"] is not None:
+                rank = str(host.host_rank)
             else:
                 rank = m["mpi"] if m["mpi"] is not None else m["hvd"]
             pos = m.end()

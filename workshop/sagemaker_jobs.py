@@ -1210,3 +1210,4 @@ def run_lab_on_sagemaker(
 
     _say("step 5/5: submitting")
     return submit(trainer, inputs, wait=wait, logs=wait)
+from workshop import parameter_server as _parameter_server  # noqa: E402,F401  (registers its launcher)

@@ -1,0 +1,228 @@
+"""Lab 1: TF_CONFIG from the host list, the launcher, 3 simulated hosts, a lost worker, a lost coordinator."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from workshop.errors import WorkshopError
+from workshop.labs import get_lab
+from workshop.local_cluster import MARKER, LocalCluster, processes_with_marker
+from workshop.parameter_server import ParameterServer, job_ports, load_driver
+from workshop.runner import run_local
+
+LAB = get_lab("parameter_server")
+DRIVER = load_driver()
+HOSTS = ["algo-1", "algo-2", "algo-3"]
+
+
+# ----------------------------------------------------------------------------- topology (fast)
+
+
+def test_tf_config_on_sagemaker_hosts():
+    configs = DRIVER.tf_configs(HOSTS, "algo-2", "algo-1", 7777)
+    cluster = {
+        "chief": ["algo-1:7777"],
+        "ps": ["algo-1:7778", "algo-2:7779", "algo-3:7780"],
+        "worker": ["algo-2:7781", "algo-3:7782"],
+    }
+    assert configs == {
+        "ps": {"cluster": cluster, "task": {"type": "ps", "index": 1}, "environment": "cloud"},
+        "worker": {"cluster": cluster, "task": {"type": "worker", "index": 0}, "environment": "cloud"},
+    }
+    chief = DRIVER.tf_configs(HOSTS, "algo-1", "algo-1", 7777)
+    assert chief["chief"]["task"] == {"type": "chief", "index": 0} and chief["ps"]["task"]["index"] == 0
+
+
+def test_tf_config_locally_uses_loopback_and_distinct_ports():
+    cluster = DRIVER.cluster_spec(HOSTS, "127.0.0.1", 20000)
+    addresses = [a for task in cluster.values() for a in task]
+    assert all(a.startswith("127.0.0.1:") for a in addresses)
+    assert len(set(addresses)) == 6 == len(addresses)
+    assert job_ports(20000, 3) == list(range(20000, 20006))
+    # SageMaker sorts host names as strings: algo-10 comes before algo-2, and so does its rank.
+    many = [f"algo-{i}" for i in range(1, 12)]
+    assert DRIVER.cluster_spec(many, "algo-1", 7777)["ps"][1] == "algo-10:7779"
+
+
+@pytest.mark.parametrize(
+    ("hosts", "current", "message"),
+    [(["algo-1"], "algo-1", "at least 2 hosts"), (HOSTS, "algo-9", "not in the host list")],
+)
+def test_tf_config_bad_host_lists(hosts, current, message):
+    with pytest.raises(ValueError, match=message):
+        DRIVER.tf_configs(hosts, current, "algo-1", 7777)
+
+
+def test_driver_is_self_contained():
+    """It runs inside the training container: standard library only."""
+    source = (DRIVER.__file__ and open(DRIVER.__file__).read()) or ""
+    imports = {line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))}
+    assert imports <= {"__future__", "ipaddress", "json", "os", "signal", "socket", "subprocess", "sys", "threading", "time"}
+
+
+def test_sagemaker_request(tmp_path):
+    from workshop import sagemaker_jobs as sj
+
+    assert "parameter_server" in sj.LAUNCHERS
+    request = sj.dry_run(LAB, hyperparameters={"steps": 100}, show=False)
+    assert request["AlgorithmSpecification"]["TrainingImage"].endswith("tensorflow-training:2.21-cpu-py312")
+    assert request["ResourceConfig"]["InstanceType"] == "ml.c5.2xlarge"
+    assert request["ResourceConfig"]["InstanceCount"] == 3
+    assert request["StoppingCondition"]["MaxRuntimeInSeconds"] == 3600
+    assert json.loads(request.sm_drivers["distributed.json"]) == ParameterServer().model_dump()
+    assert "distributed_drivers/ps_driver.py" in request.sm_drivers["sm_train.sh"]
+    with pytest.raises(WorkshopError, match="at least 2 hosts"):
+        sj.dry_run(LAB, hyperparameters={}, instance_count=1, show=False)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("hps", "hosts", "procs", "message"),
+    [
+        ({}, 1, 1, "needs at least 2 hosts"),
+        ({"steps": "many"}, 3, 1, "argument --steps: invalid int value: 'many'"),
+        ({"lr": "fast"}, 3, 1, "argument --lr: invalid float value"),
+        ({"slow-worker": 5}, 3, 1, "--slow-worker must be the host rank of a worker"),
+        ({}, 3, 2, "one training process per host"),
+    ],
+)
+def test_bad_input_fails_before_any_process_starts(tmp_path, channels, hps, hosts, procs, message):
+    with pytest.raises(WorkshopError, match=message):
+        run_local(LAB, hosts=hosts, procs_per_host=procs, hyperparameters=hps, workdir=tmp_path / "run",
+                  data_dir=channels["train"].parent, echo=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_ports_in_use_are_refused(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        held = s.getsockname()[1]
+        with pytest.raises(WorkshopError, match=f"Port {held} on 127.0.0.1 is already in use"):
+            LocalCluster(LAB.source_dir, hosts=3, distributed=ParameterServer(), master_port=held - 2, echo=False)
+
+
+# ----------------------------------------------------------------------------- real runs
+
+
+def run(tmp_path, channels, name, **kw):
+    return run_local(LAB, workdir=tmp_path / name, data_dir=channels["train"].parent, echo=False, **kw)
+
+
+def test_three_hosts_reach_the_accuracy_bar_with_variables_on_the_ps(tmp_path, channels):
+    result = run(tmp_path, channels, "run")
+    assert [h.returncode for h in result.hosts] == [0, 0, 0]
+    assert result.metric("final_test_accuracy") >= 0.90
+    assert result.metric("workers_used") == 2
+    devices = {(r["variable"], r["shard"]): r["device"] for r in result.records if "device" in r}
+    assert devices and all(d.startswith("/job:ps/") for d in devices.values())
+    shards = [d for (name, _), d in devices.items() if name == "dense1/kernel"]
+    assert len(set(shards)) == 3  # the large kernel is split across the three parameter servers
+    totals = {r["worker"]: r["worker_total_steps"] for r in result.records if "worker_total_steps" in r}
+    assert sorted(totals) == [1, 2] and sum(totals.values()) == 300
+    assert not processes_with_marker_in(result)
+    # The model loads back, without the training code, and scores the same.
+    check = (
+        "import sys, numpy as np, tensorflow as tf\n"
+        "m = tf.saved_model.load(sys.argv[1]); d = np.load(sys.argv[2])\n"
+        "logits = m.signatures['serving_default'](images=tf.constant(d['images']))['logits']\n"
+        "print(float(np.mean(np.argmax(logits, 1) == d['labels'])))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", check, str(result.model_dir / "saved_model"), str(channels["test"] / "mnist.npz")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert float(proc.stdout.strip().splitlines()[-1]) == pytest.approx(result.metric("final_test_accuracy"), abs=1e-3)
+
+
+def processes_with_marker_in(result) -> list:
+    ids = set()
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if str(result.workdir) in p.cwd():
+                ids.add(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
+            continue
+    return sorted(ids)
+
+
+def _find(cluster_workdir, role: str, host: str, timeout: float = 120):
+    """The `--role ROLE` process of `host`, once the coordinator has reported its first steps."""
+    deadline = time.monotonic() + timeout
+    log = cluster_workdir / "logs" / "algo-1.log"
+    while time.monotonic() < deadline:
+        if log.is_file() and "METRICS rank=0 step=" in log.read_text(errors="replace"):
+            for p in psutil.process_iter(["pid"]):
+                try:
+                    cmd = p.cmdline()
+                    if "--role" in cmd and cmd[cmd.index("--role") + 1] == role and p.cwd().startswith(str(cluster_workdir / host)):
+                        return p
+                except (psutil.NoSuchProcess, psutil.AccessDenied, OSError, IndexError):
+                    continue
+        time.sleep(0.2)
+    raise AssertionError(f"no {role} process on {host} in training")
+
+
+def _run_and_kill(tmp_path, channels, role, host, hps):
+    out: dict = {}
+    workdir = tmp_path / "run"
+
+    def target():
+        out["result"] = run_local(LAB, workdir=workdir, data_dir=channels["train"].parent, echo=False,
+                                  hyperparameters=hps, check=False)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    try:
+        victim = _find(workdir, role, host)
+        victim.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+    finally:
+        thread.join(timeout=600)
+    return out["result"], time.monotonic() - killed_at
+
+
+def test_a_worker_killed_mid_training_does_not_stop_the_job(tmp_path, channels):
+    result, _ = _run_and_kill(tmp_path, channels, "worker", "algo-2", {"steps": 400, "log-interval": 25})
+    assert result.ok, result.failure
+    assert result.metric("final_test_accuracy") >= 0.90
+    assert result.metric("steps") == 400
+    totals = {r["worker"]: r["worker_total_steps"] for r in result.records if "worker_total_steps" in r}
+    assert totals[2] > totals.get(1, 0)  # the survivor did most of the work
+    assert any("the worker exited with status -9" in line for line in result.lines)
+    assert not processes_with_marker_in(result)
+
+
+def test_losing_the_coordinator_fails_the_job_fast(tmp_path, channels):
+    result, after_kill_s = _run_and_kill(tmp_path, channels, "chief", "algo-1", {"steps": 2000, "log-interval": 25})
+    assert not result.ok
+    assert "Host algo-1 failed" in result.failure
+    assert after_kill_s < 30  # not the 2,000 steps, not max_run
+    assert not processes_with_marker_in(result)
+    assert (result.hosts[0].sandbox.failure_file).is_file()
+
+
+def test_resumes_from_its_checkpoint(tmp_path, channels):
+    store = tmp_path / "checkpoints"  # stands in for the job's checkpoint S3 URI
+    run(tmp_path, channels, "a", hyperparameters={"steps": 50, "log-interval": 50}, checkpoint_dir=store)
+    second = run(tmp_path, channels, "b", hyperparameters={"steps": 100, "log-interval": 50}, checkpoint_dir=store)
+    assert any("Resumed from" in line and "at step 50" in line for line in second.lines)
+    assert [r["step"] for r in second.records if "test_accuracy" in r] == [100]
+
+
+def test_marker_is_not_left_behind():
+    assert MARKER and not [p for p in processes_with_marker("no-such-cluster")]
+    assert os.environ.get("TF_CONFIG") is None

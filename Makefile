@@ -4,6 +4,7 @@
 #   make test       set up, then run every test (lint, unit, notebooks)     (what CI runs)
 #   make lab        set up, register the Jupyter kernel, start JupyterLab
 #   make bench      set up, then run the benchmarks (prints tables, writes images/)
+#   make horovod    set up, then build Horovod 0.28.1 into .venv (minutes once; a cached wheel after)
 #   make clean      remove local runs and caches (keeps .venv and data/)
 
 PYTHON ?= python3
@@ -13,7 +14,7 @@ STAMP := $(VENV)/.setup-done
 KERNEL_NAME := distributed-training-workshop
 PYTEST_ARGS ?=
 
-.PHONY: setup workshop test lab bench lint clean
+.PHONY: setup workshop test lab bench horovod clean
 
 setup: $(STAMP)
 
@@ -42,6 +43,10 @@ lab: setup
 
 bench: setup
 	$(BIN)/python benchmarks/bench_data_parallel.py
+
+# Horovod is source-only and needs patches for today's frameworks: see scripts/build_horovod.sh.
+horovod: setup
+	VENV=$(VENV) bash scripts/build_horovod.sh
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

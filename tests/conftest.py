@@ -33,5 +33,26 @@ def _offline_mnist(monkeypatch):
     monkeypatch.setenv("WORKSHOP_MNIST_SOURCE", os.environ.get("WORKSHOP_MNIST_SOURCE", "subset"))
 
 
+def isolate_aws(mp: pytest.MonkeyPatch, tmp: Path, user: str) -> None:
+    """No credentials, no AWS or SDK config of the person running the tests, not on SageMaker."""
+    from workshop import aws
+
+    for key in list(os.environ):
+        if key.startswith(("AWS_", "SAGEMAKER_")):
+            mp.delenv(key)
+    empty = tmp / "aws-empty"
+    empty.write_text("")
+    sdk_config = tmp / "sagemaker-config.yaml"
+    sdk_config.write_text("SchemaVersion: '1.0'\n")
+    mp.setenv("AWS_CONFIG_FILE", str(empty))
+    mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+    mp.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata probe either
+    mp.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(sdk_config))
+    mp.setenv("SAGEMAKER_ADMIN_CONFIG_OVERRIDE", str(sdk_config))
+    mp.delenv(aws.ROLE_ENV, raising=False)
+    mp.setenv(aws.USER_ENV, user)
+    mp.setattr(aws, "NOTEBOOK_METADATA_FILE", str(tmp / "no-such-metadata.json"))
+
+
 def repo_path(*parts: str) -> Path:
     return REPO_ROOT.joinpath(*parts)

@@ -19,6 +19,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
+from conftest import isolate_aws
 from moto import mock_aws
 
 from workshop import REPO_ROOT, aws, infra
@@ -33,17 +34,7 @@ USER = "alice"
 
 @pytest.fixture(autouse=True)
 def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for key in list(os.environ):
-        if key.startswith(("AWS_", "SAGEMAKER_")):
-            monkeypatch.delenv(key)
-    empty = tmp_path / "empty"
-    empty.write_text("")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv(aws.USER_ENV, USER)
-    monkeypatch.delenv(aws.ROLE_ENV, raising=False)
-    monkeypatch.setattr(aws, "NOTEBOOK_METADATA_FILE", str(tmp_path / "none.json"))
+    isolate_aws(monkeypatch, tmp_path, USER)
     monkeypatch.setattr(infra, "POLL_S", 0.01)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import boto3
 import numpy as np
 import pytest
+from conftest import isolate_aws
 from moto import mock_aws
 
 from workshop import aws, metrics
@@ -60,22 +61,7 @@ def check_args(args, world_size=1, train_samples=None):
 
 
 def _isolate(mp: pytest.MonkeyPatch, tmp: Path) -> None:
-    """No credentials, no AWS or SDK config of the person running the tests, not on SageMaker."""
-    for key in list(os.environ):
-        if key.startswith(("AWS_", "SAGEMAKER_")):
-            mp.delenv(key)
-    empty = tmp / "aws-empty"
-    empty.write_text("")
-    sdk_config = tmp / "sagemaker-config.yaml"
-    sdk_config.write_text("SchemaVersion: '1.0'\n")
-    mp.setenv("AWS_CONFIG_FILE", str(empty))
-    mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
-    mp.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata probe either
-    mp.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(sdk_config))
-    mp.setenv("SAGEMAKER_ADMIN_CONFIG_OVERRIDE", str(sdk_config))
-    mp.delenv(aws.ROLE_ENV, raising=False)
-    mp.setenv(aws.USER_ENV, "Alice Example")
-    mp.setattr(aws, "NOTEBOOK_METADATA_FILE", str(tmp / "no-such-metadata.json"))
+    isolate_aws(mp, tmp, "Alice Example")
 
 
 @pytest.fixture(autouse=True)

@@ -416,7 +416,6 @@ class _Run:
         self.readers: list[threading.Thread] = []
         # The last lines of every (host, rank) stream, for the failure report.
         self.tails: dict[tuple[str, str], deque] = {}
-        self.first_traceback: dict[str, tuple[int, str]] = {}  # host -> (line number, rank)
         self.all_lines: list[str] = []
         self.wall_time_s = 0.0
 

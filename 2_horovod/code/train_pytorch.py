@@ -1,0 +1,348 @@
+"""Lab 2: Horovod data-parallel training of a small CNN on MNIST, PyTorch flavour.
+
+Horovod runs one process per rank. Every rank holds a full copy of the model, trains on its
+own shard of each epoch, and after each backward pass Horovod all-reduces (averages) the
+gradients with ring all-reduce, so every rank applies the same update and the copies stay
+identical. The model and data are lab 3's, so the two labs can be compared line for line.
+
+Run it (from the lab folder):
+
+    python code/train_pytorch.py                                   # one process, no launcher
+    horovodrun --gloo -np 2 -H localhost:2 python code/train_pytorch.py
+    python -m workshop run horovod_pytorch --hosts 2               # 2 simulated SageMaker hosts
+    # On SageMaker the workshop's Horovod() driver starts the ranks on every host (see the
+    # lab's notebook and workshop/drivers/horovod/hvd_driver.py).
+
+Inputs follow the SageMaker training contract: hyperparameters as flags, data in the `train`
+and `test` channels (`mnist.npz`), the model to SM_MODEL_DIR, checkpoints to
+SM_CHECKPOINT_DIR. Ranks come from Horovod (`hvd.rank()`, `hvd.size()`, `hvd.local_rank()`),
+which reads them from the HOROVOD_* variables its launcher sets; without a launcher it is a
+world of one.
+
+The lines that make it distributed carry a `Horovod:` comment.
+Metric lines (`METRICS rank=0 epoch=1 ... test_accuracy=0.97`) are what SageMaker's metric
+definitions and the workshop's local log parser read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+REBUILD_FIX = (
+    "Fix: build Horovod with PyTorch support: `make horovod` in the workshop (or "
+    "HOROVOD_WITH_PYTORCH=1 when building it yourself); on SageMaker use Horovod(install='build') "
+    "or the image from 2_horovod/docker/Dockerfile."
+)
+
+
+def str2bool(text: str) -> bool:
+    """SageMaker passes every hyperparameter as text, so booleans arrive as 'true'/'false'."""
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        description="Horovod (PyTorch) data-parallel training of a CNN on MNIST; SageMaker contract.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("hyperparameters")
+    g.add_argument("--epochs", type=int, default=5, help="passes over the training set")
+    g.add_argument(
+        "--batch-size", type=int, default=64,
+        help="samples per step on each rank (the global batch is this times the number of ranks)",
+    )
+    g.add_argument(
+        "--lr", type=float, default=0.02,
+        help="SGD learning rate for one rank; multiplied by the number of ranks when --scale-lr",
+    )
+    g.add_argument(
+        "--scale-lr", type=str2bool, default=True,
+        help="linear scaling rule: lr x ranks, since the global batch grows with them",
+    )
+    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    g.add_argument("--seed", type=int, default=1, help="seed for weights and shuffling")
+    g.add_argument(
+        "--fp16-allreduce", type=str2bool, default=False,
+        help="compress gradients to float16 for the all-reduce (half the bytes on the wire)",
+    )
+    g.add_argument("--log-interval", type=int, default=20, help="steps between train-loss lines")
+    g.add_argument(
+        "--max-steps", type=int, default=0,
+        help="stop each epoch after this many steps (0: the whole epoch); for quick runs",
+    )
+    g.add_argument(
+        "--threads", type=int, default=0,
+        help="CPU threads per rank (0: this host's CPUs divided by its ranks)",
+    )
+    d = p.add_argument_group("SageMaker contract (defaults from SM_* variables)")
+    d.add_argument("--train", default=env("SM_CHANNEL_TRAIN", "data/mnist/train"), help="train channel")
+    d.add_argument("--test", default=env("SM_CHANNEL_TEST", "data/mnist/test"), help="test channel")
+    d.add_argument("--model-dir", default=env("SM_MODEL_DIR", "artifacts/model"), help="where rank 0 writes the model")
+    d.add_argument(
+        "--checkpoint-dir", default=env("SM_CHECKPOINT_DIR", "artifacts/checkpoints"),
+        help="rank 0 checkpoints each epoch here; every rank resumes from it when it holds one",
+    )
+    return p
+
+
+def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int | None = None) -> None:
+    """Checks the workshop also runs before it starts any process or job (raises ValueError)."""
+    problems = []
+    for name in ("epochs", "batch_size", "log_interval"):
+        if getattr(args, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.lr <= 0:
+        problems.append(f"--lr must be positive, got {args.lr}")
+    if args.max_steps < 0 or args.threads < 0:
+        problems.append("--max-steps and --threads must be 0 or more")
+    if world_size < 1:
+        problems.append(f"the number of ranks must be at least 1, got {world_size}")
+    if train_samples is not None and train_samples // world_size < args.batch_size:
+        problems.append(
+            f"each of the {world_size} ranks gets {train_samples // world_size} training samples, fewer "
+            f"than one --batch-size of {args.batch_size} (the batch size is per rank): use a smaller "
+            "--batch-size or fewer processes"
+        )
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+# ----------------------------------------------------------------------------- model, data
+
+
+class Net(nn.Module):
+    """Lab 3's CNN: two conv blocks and two dense layers, ~0.42M parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, 10)
+        self.dropout = nn.Dropout(0.25)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = self.dropout(F.relu(self.fc1(torch.flatten(x, 1))))
+        return self.fc2(x)
+
+
+def load_channel(channel_dir: str, name: str) -> TensorDataset:
+    path = Path(channel_dir) / "mnist.npz"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"The {name!r} channel has no {path.name} at {path}. Fix: prepare the data with "
+            f"`python -m workshop.data mnist DIR` and pass --{name} DIR/{name} (locally), or give the "
+            f"job a {name!r} input channel (SageMaker)."
+        )
+    with np.load(path) as data:
+        images, labels = data["images"], data["labels"]
+    x = (torch.from_numpy(images).float().div_(255.0).sub_(MNIST_MEAN).div_(MNIST_STD)).unsqueeze(1)
+    return TensorDataset(x, torch.from_numpy(labels).long())
+
+
+def import_horovod():
+    """`horovod.torch`, or a clear error saying how to get a build that has it."""
+    try:
+        import horovod.torch as hvd
+    except ImportError as exc:
+        raise SystemExit(f"Horovod's PyTorch support is not importable here ({exc}). {REBUILD_FIX}") from exc
+    return hvd
+
+
+def weights_digest(model: nn.Module) -> str:
+    """A short hash of every parameter's bytes: equal on every rank iff the weights are."""
+    h = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def metrics(**values) -> None:
+    """One metric line; see the module docstring for the format."""
+    parts = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+    print(f"METRICS {parts}", flush=True)
+
+
+def save_atomic(obj, path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def evaluate(hvd, model, dataset, device, batch_size=1000):
+    """Exact test loss and accuracy over the whole test set: each rank scores every
+    size()-th sample, then the sums are all-reduced, so the numbers match one process."""
+    model.eval()
+    indices = list(range(hvd.rank(), len(dataset), hvd.size()))
+    loader = DataLoader(torch.utils.data.Subset(dataset, indices), batch_size=batch_size)
+    totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+    with torch.no_grad():
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            out = model(x)
+            totals[0] += F.cross_entropy(out, y, reduction="sum").item()
+            totals[1] += (out.argmax(1) == y).sum().item()
+            totals[2] += len(y)
+    totals = hvd.allreduce(totals, op=hvd.Sum, name="eval_totals")  # Horovod: global sums from every rank's share
+    model.train()
+    return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    # Read the data before Horovod starts, so a missing channel fails every rank at once with
+    # its own message rather than leaving peers waiting in a collective.
+    train_set = load_channel(args.train, "train")
+    test_set = load_channel(args.test, "test")
+
+    hvd = import_horovod()
+    hvd.init()  # Horovod: join the job; rank, size and local rank come from the launcher's HOROVOD_* variables
+    rank, size, local_rank, local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
+    check_args(args, size, train_samples=len(train_set))
+
+    cpus = int(os.environ.get("SM_NUM_CPUS", os.cpu_count() or 1))
+    threads = args.threads or max(1, cpus // local_size)
+    torch.set_num_threads(threads)
+    torch.manual_seed(args.seed + rank)  # different on purpose: the broadcast below must make them equal
+
+    cuda = torch.cuda.is_available() and hvd.nccl_built()
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")  # Horovod: one GPU per local rank
+    if cuda:
+        torch.cuda.set_device(device)
+    lr = args.lr * size if args.scale_lr else args.lr  # Horovod: the global batch is size x --batch-size
+    config = {
+        "args": vars(args),
+        "framework": "pytorch",
+        "ranks": size,
+        "local_ranks": local_size,
+        "hosts": hvd.cross_size(),
+        "controller": "gloo" if hvd.gloo_enabled() else "mpi",
+        "device": str(device),
+        "threads_per_rank": threads,
+        "global_batch_size": args.batch_size * size,
+        "effective_lr": lr,
+        "train_samples": len(train_set),
+        "test_samples": len(test_set),
+        "host": os.environ.get("SM_CURRENT_HOST", platform.node()),
+        "torch": torch.__version__,
+        "horovod": __import__("horovod").__version__,
+        "python": platform.python_version(),
+    }
+    if rank == 0:
+        print(
+            f"Horovod {config['horovod']} ({config['controller']} controller): {size} ranks on "
+            f"{hvd.cross_size()} host(s); global batch {args.batch_size} x {size} = {args.batch_size * size}; "
+            "learning rate "
+            + (f"{args.lr} x {size} = {lr:g} (linear scaling rule)" if args.scale_lr else f"{lr:g} (not scaled)"),
+            flush=True,
+        )
+        print("Configuration: " + json.dumps(config, sort_keys=True), flush=True)
+
+    model = Net().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
+
+    start_epoch = 1
+    ckpt_path = Path(args.checkpoint_dir) / "checkpoint.pt"
+    state = None
+    if rank == 0 and ckpt_path.is_file():
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    state = hvd.broadcast_object(state, root_rank=0, name="checkpoint")  # Horovod: rank 0's checkpoint, on every host
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_epoch = state["epoch"] + 1
+        if rank == 0:
+            print(f"Resumed from {ckpt_path} after epoch {state['epoch']}.", flush=True)
+
+    # Horovod: start every rank from rank 0's weights and optimizer state (seeds differ above).
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    # Horovod: wrap the optimizer; step() first averages each gradient over the ranks with ring
+    # all-reduce (started per tensor during backward, so communication overlaps computation).
+    optimizer = hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
+        op=hvd.Average,
+    )
+
+    # Horovod: each rank draws a disjoint 1/size shard of every (reshuffled) epoch.
+    sampler = DistributedSampler(train_set, num_replicas=size, rank=rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+
+    step = (start_epoch - 1) * len(loader)
+    test_loss = test_acc = float("nan")
+    for epoch in range(start_epoch, args.epochs + 1):
+        sampler.set_epoch(epoch)  # Horovod: a new shuffle each epoch, the same on every rank
+        model.train()
+        t0 = time.perf_counter()
+        seen = 0
+        for i, (x, y) in enumerate(loader, 1):
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()  # (Horovod 0.28.1's wrapper takes no set_to_none)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()  # Horovod: each gradient's all-reduce starts as soon as it is ready
+            optimizer.step()  # Horovod: waits for the averaged gradients, then updates
+            step += 1
+            seen += len(y)
+            if i % args.log_interval == 0:
+                metrics(rank=rank, epoch=epoch, step=step, train_loss=loss.item())
+            if args.max_steps and i >= args.max_steps:
+                break
+        epoch_time = time.perf_counter() - t0
+        test_loss, test_acc = evaluate(hvd, model, test_set, device)
+        if rank == 0:  # Horovod: only rank 0 writes, so ranks never race on the same files
+            metrics(
+                rank=0, epoch=epoch, step=step, test_loss=test_loss, test_accuracy=test_acc,
+                epoch_time_s=epoch_time, samples_per_sec=seen * size / epoch_time,
+            )
+            Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            save_atomic({"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, ckpt_path)
+
+    if start_epoch > args.epochs:  # resumed a finished run: report the model as it is
+        test_loss, test_acc = evaluate(hvd, model, test_set, device)
+
+    digest = weights_digest(model)
+    metrics(rank=rank, weights_sha256=digest)
+    digests = hvd.allgather_object(digest, name="digests")  # Horovod: every rank's copy of the weights, compared
+    identical = len(set(digests)) == 1
+    if rank == 0:
+        metrics(rank=0, final_test_accuracy=test_acc, final_test_loss=test_loss, weights_identical=int(identical))
+        model_dir = Path(args.model_dir)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), model_dir / "model.pt")
+        (model_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        print(f"Saved the model and its configuration to {model_dir}.", flush=True)
+    hvd.join()  # Horovod: leave in step, so no rank exits while a peer still talks to it
+    hvd.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

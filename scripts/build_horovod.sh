@@ -3,7 +3,9 @@
 # workshop's venv, reproducibly and idempotently.
 #
 # Why a script: Horovod 0.28.1 is source-only on PyPI and does not build as published against
-# the pinned frameworks (TensorFlow 2.21, PyTorch 2.13). The sdist is patched before building:
+# the pinned frameworks (TensorFlow 2.21, PyTorch 2.13). The sdist is patched before building
+# (the build itself: workshop/drivers/horovod/build_horovod.sh, shared with SageMaker jobs and
+# 2_horovod/docker/Dockerfile):
 #
 #   1. horovod/torch/CMakeLists.txt: `set(CMAKE_CXX_STANDARD 14)` -> 17 for the PyTorch
 #      extension. PyTorch 2.x headers require C++17 (the TensorFlow target already uses 17 for
@@ -165,42 +167,14 @@ for whl in "$WHEEL_DIR"/horovod-"$HVD_VERSION"-"$PY_TAG"-*.whl; do
 done
 shopt -u nullglob
 
-# 3. Build from the sdist.
+# 3. Build from the sdist: the patched build lives in the Horovod driver's folder, so that
+#    SageMaker jobs (Horovod(install="build")) and the Dockerfile use the very same steps.
 start=$SECONDS
 work="$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-log "building horovod $HVD_VERSION in $work (takes a while on few cores)"
-"$PY" -m pip download --quiet --no-deps --no-binary :all: -d "$work" "horovod==$HVD_VERSION"
-tar -xzf "$work/horovod-$HVD_VERSION.tar.gz" -C "$work"
-src="$work/horovod-$HVD_VERSION"
-
-# Apply a sed edit and fail loudly if it changed nothing (the sdist is pinned, so it must apply).
-patch_sed() {  # patch_sed FILE SED-EXPR GREP-AFTER
-    local before; before="$(md5sum "$src/$1")"
-    sed -i "$2" "$src/$1"
-    [ "$(md5sum "$src/$1")" != "$before" ] && grep -q -- "$3" "$src/$1" \
-        || { echo "patch did not apply: $1: $2" >&2; exit 1; }
-}
-# Patch 1: C++17 for the PyTorch extension (PyTorch 2.x headers need it).
-patch_sed horovod/torch/CMakeLists.txt \
-    's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' 'set(CMAKE_CXX_STANDARD 17)'
-# Patch 2: leave xla_mpi_ops.cc out of the TensorFlow target (its XLA headers are not in TF wheels).
-patch_sed horovod/tensorflow/CMakeLists.txt \
-    '/list(APPEND TF_SOURCES .*xla_mpi_ops.cc")/d' 'mpi_ops.cc'
-# Patch 3: C++17 project-wide, so the `gloo` library the PyTorch extension links matches it
-# (else: multiple definition of gloo::rendezvous::Store::kDefaultTimeout at link time).
-patch_sed CMakeLists.txt \
-    's/^set(CMAKE_CXX_STANDARD 14)$/set(CMAKE_CXX_STANDARD 17)/' '^set(CMAKE_CXX_STANDARD 17)$'
-! grep -q xla_mpi_ops "$src/horovod/tensorflow/CMakeLists.txt" \
-    || { echo "xla_mpi_ops.cc still in the TF target" >&2; exit 1; }
-
-env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-    HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO \
-    MAKEFLAGS="-j$JOBS" \
-    "$PY" -m pip wheel --no-deps --no-build-isolation -w "$work/dist" "$src" >"$work/build.log" 2>&1 \
-    || { tail -n 60 "$work/build.log" >&2; cp "$work/build.log" "${TMPDIR:-/tmp}/horovod-build-failed.log";
-         echo "build failed; full log: ${TMPDIR:-/tmp}/horovod-build-failed.log" >&2; exit 1; }
-
+log "building horovod $HVD_VERSION (takes a while on few cores)"
+HOROVOD_BUILD_JOBS="$JOBS" bash "$ROOT/workshop/drivers/horovod/build_horovod.sh" \
+    --python "$PY" --frameworks pytorch,tensorflow --wheel-dir "$work/dist"
 built=("$work"/dist/horovod-"$HVD_VERSION"-*.whl)
 mkdir -p "$WHEEL_DIR"
 cp "${built[0]}" "$WHEEL_DIR/"

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from workshop.errors import WorkshopError
-from workshop.labs import LABS, Lab, get_lab
+from workshop.labs import LABS, Lab, get_labs
 
 
 def parse_hp(items: list[str]) -> dict[str, Any]:
@@ -138,13 +138,23 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
 def run_all(args: argparse.Namespace, hps: dict[str, Any]) -> int:
     if args.mode != "local":
         raise WorkshopError("`run all` runs every lab locally.", "run one lab at a time with --mode sagemaker.")
+    return run_many(list(LABS.values()), args, hps)
+
+
+def run_many(labs: list[Lab], args: argparse.Namespace, hps: dict[str, Any]) -> int:
+    """Run `labs` one after the other (a failure does not stop the rest), then a summary table."""
+    if args.mode != "local" and len(labs) > 1:
+        raise WorkshopError(
+            f"{args.lab!r} is {len(labs)} labs; in sagemaker mode run one job at a time.",
+            "name one: " + ", ".join(lab.key for lab in labs) + ".",
+        )
     rows, failed = [], 0
-    for lab in LABS.values():
-        print(f"\n=== {lab.folder}: {lab.title} ===", flush=True)
+    for lab in labs:
+        print(f"\n=== {lab.label}: {lab.title} ===", flush=True)
         t0 = time.monotonic()
         hosts = args.hosts or lab.local_hosts
         procs = args.procs_per_host or lab.local_procs_per_host
-        row = {"lab": lab.folder, "strategy": lab.strategy, "layout": f"{hosts} x {procs}", "accuracy": None}
+        row = {"lab": lab.label, "strategy": lab.strategy, "layout": f"{hosts} x {procs}", "accuracy": None}
         try:
             result = run_one(lab, args, hps)
             row.update(accuracy=result.metric(lab.accuracy_metric), wall_s=result.wall_time_s, status="ok")
@@ -172,8 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         hps = parse_hp(args.hp)
         if args.lab == "all":
             return run_all(args, hps)
-        run_one(get_lab(args.lab), args, hps)
-        return 0
+        labs = get_labs(args.lab)
+        if len(labs) == 1:
+            run_one(labs[0], args, hps)
+            return 0
+        return run_many(labs, args, hps)
     except WorkshopError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -28,10 +28,11 @@ class SageMakerDefaults:
     py_version: str
     instance_type: str
     instance_count: int
-    launcher: str  # "torchrun", "mpi", "parameter_server" (see workshop.sagemaker_jobs)
+    launcher: str  # "torchrun", "horovod", "parameter_server" (see workshop.sagemaker_jobs)
     procs_per_host: int | None = None  # None: one per GPU (the launcher's own default)
     max_run_s: int = 3600
     volume_size_gb: int = 30
+    container_version: str | None = None  # only the SMP images need it (e.g. "cu124")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,18 @@ class Lab:
     metrics: tuple[str, ...] = ("train_loss", "test_loss", "test_accuracy", "samples_per_sec")
     sagemaker: SageMakerDefaults | None = None
     aliases: tuple[str, ...] = ()
+    # Names that select this lab together with its siblings in the same folder (lab 2 has a
+    # PyTorch and a TensorFlow script): `python -m workshop run 2_horovod` runs both.
+    group_aliases: tuple[str, ...] = ()
+    # "module:function" that writes the lab's input channels into a folder (None: the default)
+    # and returns an object with `.dirs` and `.n_train`; None: MNIST (workshop.data.prepare_mnist).
+    data_preparer: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The folder, and the script when the folder has more than one lab."""
+        shared = sum(lab.folder == self.folder for lab in LABS.values()) > 1
+        return f"{self.folder} ({Path(self.entry_script).stem})" if shared else self.folder
 
     @property
     def path(self) -> Path:
@@ -84,6 +97,12 @@ class Lab:
                     "use --procs-per-host 1 (the default) and more hosts for more workers.",
                 )
             return ParameterServer()
+        if self.launcher == "horovod":
+            from workshop.horovod import Horovod, check_installed
+
+            framework = "tensorflow" if self.sagemaker and self.sagemaker.framework == "tensorflow" else "pytorch"
+            check_installed(framework)  # before any process starts: a missing build says how to get one
+            return Horovod(framework=framework, process_count_per_node=procs_per_host)
         raise WorkshopError(f"Lab {self.key!r} has no launcher {self.launcher!r} yet.")
 
     def load_script(self) -> ModuleType:
@@ -166,6 +185,51 @@ LABS: dict[str, Lab] = {
             aliases=("1", "1_parameter_server", "ps"),
         ),
         Lab(
+            key="horovod_pytorch",
+            folder="2_horovod",
+            title="Horovod ring all-reduce (PyTorch)",
+            strategy="ring all-reduce (Horovod, PyTorch)",
+            launcher="horovod",
+            entry_script="train_pytorch.py",
+            local_hosts=2,
+            local_procs_per_host=1,
+            local_hyperparameters={"epochs": 3, "log-interval": 5},
+            sagemaker=SageMakerDefaults(
+                framework="pytorch",
+                framework_version="2.9",
+                py_version="py312",
+                # CPU instances: the Horovod built at job start uses Gloo (see workshop.horovod).
+                instance_type="ml.c5.2xlarge",
+                instance_count=2,
+                launcher="horovod",
+                procs_per_host=1,
+            ),
+            aliases=("2_horovod_pytorch", "hvd-pytorch", "horovod-pytorch"),
+            group_aliases=("2", "2_horovod", "horovod"),
+        ),
+        Lab(
+            key="horovod_tensorflow",
+            folder="2_horovod",
+            title="Horovod ring all-reduce (TensorFlow)",
+            strategy="ring all-reduce (Horovod, TensorFlow)",
+            launcher="horovod",
+            entry_script="train_tensorflow.py",
+            local_hosts=2,
+            local_procs_per_host=1,
+            local_hyperparameters={"epochs": 3, "log-interval": 5},
+            sagemaker=SageMakerDefaults(
+                framework="tensorflow",
+                framework_version="2.21",
+                py_version="py312",
+                instance_type="ml.c5.2xlarge",
+                instance_count=2,
+                launcher="horovod",
+                procs_per_host=1,
+            ),
+            aliases=("2_horovod_tensorflow", "hvd-tensorflow", "horovod-tensorflow"),
+            group_aliases=("2", "2_horovod", "horovod"),
+        ),
+        Lab(
             key="data_parallel",
             folder="3_data_parallel",
             title="Data parallel (PyTorch DDP)",
@@ -185,6 +249,33 @@ LABS: dict[str, Lab] = {
             ),
             aliases=("3", "3_data_parallel", "ddp"),
         ),
+        Lab(
+            key="model_parallel",
+            folder="4_model_parallel",
+            title="Model parallel (PyTorch FSDP2; SageMaker model parallel v2)",
+            strategy="sharded data parallel (FSDP2)",
+            launcher="torchrun",
+            local_hosts=2,
+            local_procs_per_host=1,
+            # A tiny GPT for a quick local run; the summary's accuracy is next-character accuracy.
+            local_hyperparameters={
+                "steps": 60, "layers": 2, "d-model": 64, "seq-len": 32, "batch-size": 8,
+                "log-interval": 10, "sharding": "full_shard",
+            },
+            metrics=("train_loss", "test_loss", "test_accuracy", "perplexity", "step_time_s"),
+            sagemaker=SageMakerDefaults(
+                framework="pytorch-smp",  # the SageMaker model-parallel (SMP v2) image
+                framework_version="2.5.1",
+                py_version="py311",
+                container_version="cu124",
+                instance_type="ml.p4d.24xlarge",  # SMP v2: ml.p4d.24xlarge, ml.p4de.24xlarge, ml.p5.48xlarge
+                instance_count=2,
+                launcher="torchrun_smp",  # Torchrun(smp=SMP(...)): workshop.model_parallel
+                max_run_s=1800,
+            ),
+            aliases=("4", "4_model_parallel", "fsdp", "mp"),
+            data_preparer="workshop.model_parallel:prepare_corpus",
+        ),
     ]
 }
 
@@ -194,5 +285,17 @@ def get_lab(name: str) -> Lab:
     for lab in LABS.values():
         if name == lab.key or name in lab.aliases:
             return lab
+    group = [lab for lab in LABS.values() if name in lab.group_aliases]
+    if group:
+        raise WorkshopError(
+            f"{name!r} names {len(group)} labs: " + ", ".join(lab.key for lab in group) + ".",
+            "pick one of them (the command line's `run` takes the folder and runs them all).",
+        )
     known = ", ".join(f"{lab.key} ({lab.folder})" for lab in LABS.values())
     raise WorkshopError(f"Unknown lab {name!r}.", f"choose one of: {known}, or 'all'.")
+
+
+def get_labs(name: str) -> list[Lab]:
+    """The labs `name` selects: one by key or alias, or every lab of a folder (e.g. 2_horovod)."""
+    group = [lab for lab in LABS.values() if name in lab.group_aliases]
+    return group or [get_lab(name)]

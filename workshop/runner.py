@@ -6,6 +6,7 @@ a notebook cell and the command line do exactly the same thing.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,11 @@ def run_local(
     )
     hps = {**lab.local_hyperparameters, **(hyperparameters or {})}
     lab.validate_hyperparameters(hps, world_size=cluster.world_size)  # types first: no data needed
-    channels = prepare_mnist(data_dir or DEFAULT_DATA_DIR)
+    if lab.data_preparer:  # the lab's own data (lab 4: a text corpus)
+        module, _, function = lab.data_preparer.partition(":")
+        channels = getattr(importlib.import_module(module), function)(data_dir)
+    else:
+        channels = prepare_mnist(data_dir or DEFAULT_DATA_DIR)
     lab.validate_hyperparameters(hps, world_size=cluster.world_size, train_samples=channels.n_train)
     return cluster.run(
         hps, channels.dirs, checkpoint_dir=checkpoint_dir, timeout_s=timeout_s, check=check

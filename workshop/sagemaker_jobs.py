@@ -204,6 +204,7 @@ class JobPlan:
     checkpoint_s3_uri: str | None = None
     output_s3_uri: str | None = None
     notes: tuple[str, ...] = ()
+    custom_image: bool = False  # image_uri was the caller's, not SageMaker's framework image
 
 
 def _positive_int(value: Any, what: str, fix: str) -> int:
@@ -290,11 +291,13 @@ def plan_job(
     base_job_name: str | None = None,
     tags: Mapping[str, str] | Sequence[Any] | None = None,
     train_samples: int | None = None,
+    image_uri: str | None = None,
 ) -> JobPlan:
     """Check a job and settle its details, offline. Every user error is raised here.
 
     `train_samples` (when the data is known) lets the script's `check_args` check the
-    per-rank share of the data too.
+    per-rank share of the data too. `image_uri` replaces the lab's SageMaker framework image
+    (e.g. lab 2's image with Horovod built in, from 2_horovod/docker/Dockerfile).
     """
     lab = get_lab(lab) if isinstance(lab, str) else lab
     defaults = lab.sagemaker
@@ -322,6 +325,12 @@ def plan_job(
     if procs is not None:
         procs = _positive_int(procs, "Processes per host", "pass procs_per_host=1 or more, or None for one per GPU.")
     gpus = gpus_per_instance(instance_type, region)
+    if procs is not None and gpus and procs > gpus:
+        raise WorkshopError(
+            f"{procs} processes per host do not fit {instance_type}, which has {gpus} GPU"
+            f"{'s' if gpus > 1 else ''}: each rank drives one GPU.",
+            f"pass procs_per_host={gpus} or fewer (None: one per GPU), or an instance type with more GPUs.",
+        )
     world_size = instance_count * (procs or max(gpus, 1))
 
     max_run_s = defaults.max_run_s if max_run_s is None else max_run_s
@@ -373,7 +382,16 @@ def plan_job(
         )
 
     lab.validate_hyperparameters(hyperparameters, world_size=world_size, train_samples=train_samples)
-    image_uri = _retrieve_image(framework, version, py_version, region, instance_type, container_version)
+    custom_image = image_uri is not None
+    if custom_image:
+        if not isinstance(image_uri, str) or not re.fullmatch(r"[\w.-]+(:\d+)?/[\w./-]+(:[\w.-]+|@sha256:[0-9a-f]{64})", image_uri):
+            raise WorkshopError(
+                f"Not a container image URI: {image_uri!r}.",
+                "pass e.g. image_uri='123456789012.dkr.ecr.us-east-1.amazonaws.com/workshop-horovod:0.28.1'.",
+            )
+        notes.append(f"image: {image_uri} (yours, instead of the {framework} {version} framework image)")
+    else:
+        image_uri = _retrieve_image(framework, version, py_version, region, instance_type, container_version)
 
     user = aws.user_prefix()
     base = aws.sanitize_name(base_job_name or f"{user}-{lab.key}", BASE_JOB_NAME_MAX)
@@ -399,6 +417,7 @@ def plan_job(
         checkpoint_s3_uri=checkpoint_s3_uri,
         output_s3_uri=output_s3_uri,
         notes=tuple(notes),
+        custom_image=custom_image,
     )
 
 
@@ -545,6 +564,7 @@ def build_trainer(
     base_job_name: str | None = None,
     tags: Mapping[str, str] | Sequence[Any] | None = None,
     validate_role: bool | None = None,
+    image_uri: str | None = None,
 ) -> ModelTrainer:
     """The lab's SDK v3 `ModelTrainer`, checked by `plan_job` first.
 
@@ -572,6 +592,7 @@ def build_trainer(
         output_s3_uri=output_s3_uri,
         base_job_name=base_job_name,
         tags=tags,
+        image_uri=image_uri,
     )
     _describe_plan(plan)
     session = sagemaker_session or aws.sagemaker_session(region=region)
@@ -759,6 +780,7 @@ def dry_run(
     show: bool = True,
     train_samples: int | None = None,
     network: bool | str = False,
+    image_uri: str | None = None,
 ) -> DryRunRequest:
     """The exact CreateTrainingJob request SDK v3 would send, with no credentials at all.
 
@@ -798,6 +820,7 @@ def dry_run(
         base_job_name=base_job_name,
         tags=tags,
         train_samples=train_samples,
+        image_uri=image_uri,
     )
     if show:
         if region_note:
@@ -1114,6 +1137,7 @@ def run_lab_on_sagemaker(
     wait: bool = True,
     network: bool | str = False,
     create_role: bool = False,
+    image_uri: str | None = None,
 ) -> JobResult | DryRunRequest:
     """Run a lab as a SageMaker training job (or, with `dry_run`, show the request only).
 
@@ -1125,6 +1149,7 @@ def run_lab_on_sagemaker(
     (`workshop.infra.ensure_network`, created or reused; it costs per hour while it exists, so
     run `workshop.infra.cleanup()` when done); `create_role` creates or reuses the workshop's
     least-privilege execution role (`workshop.infra.ensure_role`) when no role is given.
+    `image_uri`: your own training image instead of the lab's framework image.
     """
     from workshop import infra
 
@@ -1147,6 +1172,7 @@ def run_lab_on_sagemaker(
             security_group_ids=security_group_ids,
             max_run_s=max_run_s,
             network=network,
+            image_uri=image_uri,
         )
 
     _say("step 1/5: checking the job")
@@ -1166,6 +1192,7 @@ def run_lab_on_sagemaker(
         subnets=subnets,
         security_group_ids=security_group_ids,
         max_run_s=max_run_s,
+        image_uri=image_uri,
     )
     _describe_plan(plan)
     _say("step 2/5: AWS credentials, the execution role, and the preflight checks")
@@ -1210,4 +1237,6 @@ def run_lab_on_sagemaker(
 
     _say("step 5/5: submitting")
     return submit(trainer, inputs, wait=wait, logs=wait)
+from workshop import horovod as _horovod  # noqa: E402,F401  (registers its launcher)
+from workshop import model_parallel as _model_parallel  # noqa: E402,F401  (registers its launcher)
 from workshop import parameter_server as _parameter_server  # noqa: E402,F401  (registers its launcher)

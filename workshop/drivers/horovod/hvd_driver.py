@@ -327,6 +327,7 @@ def main() -> int:
             bad = next((r for r in ranks if r.poll() != 0), None)
             if bad is not None:
                 code, failed = 1, bad
+                log(f"ERROR: rank {bad.slot['rank']} exited with status {bad.poll()}")
     finally:
         for r in ranks:
             r.stop()

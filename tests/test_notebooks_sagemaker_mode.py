@@ -34,16 +34,34 @@ NOTEBOOKS = sorted(REPO.glob("[0-9]_*/*.ipynb"))
 KERNEL_NAME = "workshop-fake-sagemaker-test"
 CELL_TIMEOUT_S = 900
 # Extra parameter values per notebook (folder name -> code), e.g. smaller sizes for slow labs.
-OVERRIDES: dict[str, str] = {}
+OVERRIDES: dict[str, str] = {
+    # The traffic check is local in both modes and is checked in local mode already: keep it short.
+    "2_horovod": "traffic_ranks = (2,)\ntraffic_mib = 16\n",
+    # The fake runs one CPU process per host (2 in all), not 8 GPUs per p4d: shard over those 2,
+    # with a tiny model and few steps; the grid of measurements shrinks to N = 1, 2.
+    "4_model_parallel": (
+        "smp_hybrid_shard_degree = 2\n"
+        'job_model = {"layers": 2, "d-model": 64, "heads": 4, "seq-len": 32, "batch-size": 16, "steps": 40}\n'
+        "world_sizes = (1, 2)\n"
+    ),
+}
 # Lab-specific lines its sagemaker run must print, on top of the checks every notebook gets.
 EXPECTED_OUTPUT: dict[str, tuple[str, ...]] = {
     "1_parameter_server": (
         "final test accuracy:", "variable shards, all on parameter-server tasks", "steps asynchronously",
         "[infra] cost: at most", "[infra] quota:", "[infra] network deleted:",  # preflight, then cleanup
     ),
+    "2_horovod": (
+        "pytorch Completed", "tensorflow Completed", "ranks, one set of weights",
+        "[infra] cost: at most", "[infra] quota:", "[infra] network deleted:",  # preflight, then cleanup
+    ),
     "3_data_parallel": (
         "final test accuracy:", "weights digest per rank:", "ranks, one set of weights",
         "[infra] cost: at most", "[infra] quota:", "[infra] network deleted:",  # preflight, then cleanup
+    ),
+    "4_model_parallel": (
+        "final next-character test accuracy:", "SMP route launcher:", "smdistributed-modelparallel:2.5.1-gpu-py311-cu124",
+        "pytorch-training:2.9-gpu-py312", "plain PyTorch applies the same SMP settings", "[infra] cost: at most",
     ),
 }
 SUMMARY_MARK = "FAKE_SAGEMAKER_JOBS="

@@ -1,0 +1,621 @@
+"""Lab 4: sharded data parallelism, checkpointing and offloading on a small GPT, measured exactly.
+
+A byte-level GPT (its size set by --layers, --d-model, --heads, --seq-len) learns to predict the
+next character of real English text: the reference topics of CPython's own documentation, which
+ship inside the standard library as `pydoc_data.topics` (what `help("with")` prints). The host
+side writes them as the `train` and `test` channels (`corpus.txt`; see workshop/model_parallel.py);
+this script reads them from SM_CHANNEL_TRAIN / SM_CHANNEL_TEST like every lab.
+
+One flag per technique (see `--help`):
+  --sharding no_shard        plain data parallel (DDP): every rank holds all of the state
+  --sharding optimizer       ZeRO-1: DDP + ZeroRedundancyOptimizer, optimizer state split over ranks
+  --sharding shard_grad_op   ZeRO-2-like: FSDP2 with reshard_after_forward=False (gradients and
+                             optimizer state sharded; parameters stay gathered from forward to backward)
+  --sharding full_shard      ZeRO-3: FSDP2, parameters re-sharded after each block's forward too
+  --sharding hybrid_shard    FSDP2 on a 2-D mesh: shard within groups of --hybrid-shard-degree
+                             ranks, replicate across groups (SMP's hybrid_shard_degree)
+  --activation-checkpointing keep only each block's input; recompute the block in backward
+  --activation-offloading    cpu: move saved activations to host memory (needs a GPU);
+                             simulate: the same hooks, copying into a separate host buffer
+  --mixed-precision          bf16 where the device supports it (auto: CUDA with bf16), else fp32
+
+Every rank measures what it holds: bytes of parameters, gradients and optimizer state (from the
+local shards of FSDP2's DTensors), bytes of activations saved for backward (counted by a
+`torch.autograd.graph.saved_tensors_hooks` pair, one count per storage), time per step, and on a
+GPU `torch.cuda.max_memory_allocated`. It prints them as `METRICS` lines.
+
+Run it (from the lab folder; prepare the channels once with `python -m workshop.model_parallel prepare data/corpus`):
+
+    python code/train.py --train data/corpus/train --test data/corpus/test
+    torchrun --nproc-per-node 2 code/train.py --sharding full_shard ...
+    python -m workshop run model_parallel               # 2 simulated SageMaker hosts
+    # On SageMaker: ModelTrainer(distributed=Torchrun(smp=SMP(...))) (see the notebook).
+
+On the SageMaker model-parallel image (`torch.sagemaker` importable) it calls `tsm.init()` with the
+`SMP(...)` settings the SDK passes (--mp_parameters, also in SM_DISTRIBUTED_CONFIG) and applies
+them; without the library, plain PyTorch does the same work with the same settings.
+gloo on CPU, nccl on GPUs. The lines that make it distributed carry a `DIST:` comment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+VOCAB = 256  # bytes: no tokenizer to download, every character of the corpus is representable
+SHARDINGS = ("no_shard", "optimizer", "shard_grad_op", "full_shard", "hybrid_shard")
+FSDP_SHARDINGS = ("shard_grad_op", "full_shard", "hybrid_shard")
+CORPUS_FILE = "corpus.txt"
+SMP_KEYS = ("hybrid_shard_degree", "sm_activation_offloading", "activation_loading_horizon",
+            "fsdp_cache_flush_warnings", "allow_empty_shards", "tensor_parallel_degree",
+            "context_parallel_degree", "expert_parallel_degree", "random_seed")
+
+
+def str2bool(text: str) -> bool:
+    """SageMaker passes every hyperparameter as text, so booleans arrive as 'true'/'false'."""
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def json_dict(text: str) -> dict:
+    try:
+        value = json.loads(text) if isinstance(text, str) else text
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        description="Sharded data-parallel training of a small byte-level GPT, with exact memory accounting.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    m = p.add_argument_group("model")
+    m.add_argument("--layers", type=int, default=4, help="transformer blocks")
+    m.add_argument("--d-model", type=int, default=128, help="width of the residual stream")
+    m.add_argument("--heads", type=int, default=4, help="attention heads (must divide --d-model)")
+    m.add_argument("--seq-len", type=int, default=64, help="characters of context per sequence")
+    g = p.add_argument_group("training")
+    g.add_argument("--steps", type=int, default=300, help="optimizer steps")
+    g.add_argument(
+        "--batch-size", type=int, default=16,
+        help="sequences per step in all (the GLOBAL batch): split over the data-parallel ranks, so "
+             "every world size and technique trains on exactly the same data",
+    )
+    g.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    g.add_argument("--seed", type=int, default=1, help="seed for the weights and the batches")
+    g.add_argument("--log-interval", type=int, default=25, help="steps between train-loss lines")
+    g.add_argument("--eval-sequences", type=int, default=32, help="test sequences scored at the end")
+    g.add_argument(
+        "--threads", type=int, default=0,
+        help="CPU threads per rank (0: this host's CPUs divided by its ranks)",
+    )
+    g.add_argument(
+        "--backend", choices=("auto", "gloo", "nccl"), default="auto",
+        help="process-group backend; auto: nccl on GPUs, gloo on CPU",
+    )
+    s = p.add_argument_group("memory techniques")
+    s.add_argument(
+        "--sharding", choices=SHARDINGS, default="full_shard",
+        help="no_shard: DDP; optimizer: ZeRO-1 (ZeroRedundancyOptimizer); shard_grad_op: FSDP2, "
+             "params kept gathered between forward and backward; full_shard: FSDP2, params re-sharded "
+             "after forward; hybrid_shard: FSDP2 within groups of --hybrid-shard-degree, replicated across",
+    )
+    s.add_argument(
+        "--hybrid-shard-degree", type=int, default=0,
+        help="ranks per sharding group for hybrid_shard (0: the processes of one host)",
+    )
+    s.add_argument("--activation-checkpointing", type=str2bool, default=False,
+                   help="checkpoint each block: save only its input, recompute it in backward")
+    s.add_argument(
+        "--activation-offloading", choices=("off", "cpu", "simulate"), default="off",
+        help="cpu: saved activations go to host memory until backward (needs a GPU: on a CPU they "
+             "already are in host memory); simulate: the same hooks copy them into a separate host buffer",
+    )
+    s.add_argument("--mixed-precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="auto: bf16 on CUDA GPUs that support it, fp32 elsewhere")
+    s.add_argument(
+        "--mp_parameters", type=json_dict, default=None,
+        help="SageMaker model parallelism (SMP v2) settings as JSON; the SDK's Torchrun(smp=SMP(...)) "
+             "passes them (hybrid_shard_degree, sm_activation_offloading, activation_loading_horizon)",
+    )
+    d = p.add_argument_group("SageMaker contract (defaults from SM_* variables)")
+    d.add_argument("--train", default=env("SM_CHANNEL_TRAIN", "data/corpus/train"), help="train channel")
+    d.add_argument("--test", default=env("SM_CHANNEL_TEST", "data/corpus/test"), help="test channel")
+    d.add_argument("--model-dir", default=env("SM_MODEL_DIR", "artifacts/model"), help="where rank 0 writes the model")
+    return p
+
+
+def smp_settings(args: argparse.Namespace) -> dict:
+    """The SMP(...) settings: --mp_parameters, else SM_DISTRIBUTED_CONFIG's "smp" (SDK v3)."""
+    if args.mp_parameters:
+        return dict(args.mp_parameters)
+    with contextlib.suppress(ValueError, TypeError):
+        return dict(json.loads(os.environ.get("SM_DISTRIBUTED_CONFIG", "{}")).get("smp") or {})
+    return {}
+
+
+def apply_smp(args: argparse.Namespace, smp: dict) -> list[str]:
+    """Map the SMP settings onto this script's flags (same work with or without the library)."""
+    notes = []
+    degree = smp.get("hybrid_shard_degree")
+    if degree:
+        args.sharding, args.hybrid_shard_degree = "hybrid_shard", int(degree)
+        notes.append(f"SMP hybrid_shard_degree={degree}: hybrid sharding over groups of {degree} ranks")
+    if smp.get("sm_activation_offloading"):
+        args.activation_checkpointing = True  # SMP offloads the inputs of checkpointed blocks
+        args.activation_offloading = "cpu"
+        notes.append("SMP sm_activation_offloading: checkpointed blocks, their inputs offloaded to host memory")
+    return notes
+
+
+def shard_group_size(args: argparse.Namespace, world_size: int, procs_per_host: int = 1) -> int:
+    """How many ranks split each parameter (1: nothing sharded)."""
+    if args.sharding in ("shard_grad_op", "full_shard"):
+        return world_size
+    if args.sharding == "hybrid_shard":
+        return args.hybrid_shard_degree or max(1, min(procs_per_host, world_size))
+    return 1
+
+
+def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int | None = None,
+               procs_per_host: int = 1) -> None:
+    """Checks the workshop also runs before it starts any process or job (raises ValueError).
+
+    `train_samples` is the number of characters in the train channel.
+    """
+    problems = []
+    for name in ("layers", "d_model", "heads", "seq_len", "steps", "batch_size", "log_interval", "eval_sequences"):
+        if getattr(args, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.lr <= 0:
+        problems.append(f"--lr must be positive, got {args.lr}")
+    if args.threads < 0 or args.hybrid_shard_degree < 0:
+        problems.append("--threads and --hybrid-shard-degree must be 0 or more")
+    if problems:
+        raise ValueError("; ".join(problems))
+    smp = smp_settings(args)
+    unknown = sorted(set(smp) - set(SMP_KEYS))
+    if unknown:
+        problems.append(f"--mp_parameters has unknown SMP settings {unknown}; known: {', '.join(SMP_KEYS)}")
+    for key in ("tensor_parallel_degree", "context_parallel_degree", "expert_parallel_degree"):
+        if smp.get(key, 1) not in (None, 0, 1):
+            problems.append(f"SMP {key}={smp[key]} is not used by this lab's model (use 1 or leave it out)")
+    degree = smp.get("hybrid_shard_degree") or (args.hybrid_shard_degree if args.sharding == "hybrid_shard" else 0)
+    if degree and world_size % degree:
+        problems.append(
+            f"a sharding degree of {degree} does not divide the world size {world_size}: hybrid sharding "
+            f"needs whole groups of {degree} ranks. Fix: choose a degree among "
+            f"{[d for d in range(1, world_size + 1) if world_size % d == 0]}"
+        )
+    if args.d_model % args.heads:
+        problems.append(f"--heads {args.heads} does not divide --d-model {args.d_model}")
+    if args.batch_size % world_size:
+        problems.append(
+            f"--batch-size {args.batch_size} (the global batch) does not split evenly over {world_size} "
+            f"ranks. Fix: a multiple of {world_size}, e.g. {world_size * max(1, args.batch_size // world_size)}"
+        )
+    shard = degree or shard_group_size(args, world_size, procs_per_host)
+    if shard > 1 and not problems:
+        rows = min(args.d_model, args.seq_len, VOCAB)  # FSDP splits every parameter along its first dimension
+        if rows < shard or args.d_model % shard or args.seq_len % shard:
+            problems.append(
+                f"the model is too small to shard over {shard} ranks: FSDP splits each parameter along "
+                f"its first dimension (--d-model {args.d_model}, --seq-len {args.seq_len} rows), which must "
+                f"be a multiple of {shard} so that every rank holds an equal, non-empty share. Fix: a "
+                f"larger --d-model/--seq-len, or fewer ranks"
+            )
+    if train_samples is not None and train_samples < args.seq_len + 2:
+        problems.append(f"the train channel has {train_samples} characters, fewer than one sequence")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+# ----------------------------------------------------------------------------- model, data
+
+_REGION = ["outside"]  # where the forward pass is, for the activation accounting ("block" or "outside")
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention, then a 4x MLP, each with a residual."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.out = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers: int, d: int, heads: int, seq_len: int):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, d)
+        self.pos = nn.Embedding(seq_len, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, VOCAB, bias=False)
+        self.checkpointing = False
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            _REGION[0] = "block"
+            if self.checkpointing:
+                # keep only the block's input; its inside is recomputed during backward
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+            _REGION[0] = "outside"
+        return self.head(self.ln_f(x))
+
+
+def load_corpus(channel_dir: str, name: str) -> torch.Tensor:
+    path = Path(channel_dir) / CORPUS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"The {name!r} channel has no {CORPUS_FILE} at {path}. Fix: prepare the text with "
+            f"`python -m workshop.model_parallel prepare DIR` and pass --{name} DIR/{name} (locally), or "
+            f"give the job a {name!r} input channel (SageMaker; the notebook uploads it)."
+        )
+    return torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8).long()
+
+
+def batch(data: torch.Tensor, n: int, seq_len: int, generator: torch.Generator):
+    starts = torch.randint(0, len(data) - seq_len - 1, (n,), generator=generator)
+    x = torch.stack([data[s : s + seq_len] for s in starts.tolist()])
+    y = torch.stack([data[s + 1 : s + seq_len + 1] for s in starts.tolist()])
+    return x, y
+
+
+# ----------------------------------------------------------------------------- accounting
+
+
+def local_bytes(t: torch.Tensor | None) -> int:
+    """Bytes this rank holds for `t`: the local shard of a DTensor, else the whole tensor."""
+    if t is None:
+        return 0
+    if hasattr(t, "to_local"):  # DTensor (FSDP2): only this rank's shard is stored here
+        t = t.to_local()
+    return t.numel() * t.element_size()
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard in .optim
+    return sum(local_bytes(v) for state in inner.state.values() for v in state.values() if torch.is_tensor(v))
+
+
+class SavedTensorMeter:
+    """saved_tensors_hooks that count (and optionally offload) what autograd keeps for backward.
+
+    Counts each storage once (views of one tensor share it), skips parameters (they are state,
+    counted above, not activations), and splits the bytes by region: inside the blocks or outside.
+    `offload`: "cpu" moves each saved tensor to pinned host memory and back in backward
+    (what torch.autograd.graph.save_on_cpu does); "simulate" copies it into a separate host
+    buffer the same way, so the mechanism and its cost are visible on a CPU-only machine.
+    """
+
+    def __init__(self, offload: str = "off"):
+        self.offload = offload
+        self.seen: set[int] = set()
+        self.bytes = {"block": 0, "outside": 0}
+        self.offloaded_bytes = 0
+
+    def pack(self, t: torch.Tensor):
+        base = t._base if t._base is not None else t  # linear layers save weight.t(), a view
+        if isinstance(base, nn.Parameter) or (base.is_leaf and base.requires_grad):
+            return t  # a parameter (or a view of one): state, not an activation
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key not in self.seen:
+            self.seen.add(key)
+            self.bytes[_REGION[0]] += storage.nbytes()
+        if self.offload == "off" or t.numel() == 0:
+            return t
+        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=t.is_cuda)
+        host.copy_(t, non_blocking=t.is_cuda)
+        self.offloaded_bytes += t.numel() * t.element_size()
+        return (t.device, host)
+
+    @staticmethod
+    def unpack(packed):
+        if isinstance(packed, tuple):
+            device, host = packed
+            return host.to(device, non_blocking=True) if device.type != "cpu" else host.clone()
+        return packed
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    @property
+    def total(self) -> int:
+        return self.bytes["block"] + self.bytes["outside"]
+
+
+# ----------------------------------------------------------------------------- distributed
+
+
+def distributed_env() -> tuple[int, int, int, int]:
+    """(rank, world_size, local_rank, local_world_size) as the launcher set them (torchrun)."""
+    env = os.environ
+    return (int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)),
+            int(env.get("LOCAL_RANK", 0)), int(env.get("LOCAL_WORLD_SIZE", 1)))
+
+
+def fsdp_api():
+    """FSDP2's fully_shard: torch.distributed.fsdp (2.6+), or its 2.5 home (the SMP v2 image)."""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+    return fully_shard, MixedPrecisionPolicy
+
+
+def init_smp(smp: dict, rank: int) -> bool:
+    """tsm.init(config) on the SageMaker model-parallel image; False where the library is absent."""
+    try:
+        import torch.sagemaker as tsm  # only on the SMP v2 image
+    except ImportError:
+        return False
+    tsm.init(smp)  # DIST: SMP v2 reads the same settings the SDK's SMP(...) config carries
+    if rank == 0:
+        print(f"torch.sagemaker (SMP v2) initialised with {json.dumps(smp, sort_keys=True)}", flush=True)
+    return True
+
+
+def metrics(**values) -> None:
+    parts = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+    print(f"METRICS {parts}", flush=True)
+
+
+def wrap_model(model, args, world_size, local_world_size, device, dtype, cuda):
+    """Apply the chosen sharding; returns (model, shard_group_size, description)."""
+    if world_size == 1:
+        return model, 1, "single process (one rank: nothing to shard or replicate)"
+    if args.sharding in FSDP_SHARDINGS:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        fully_shard, MixedPrecisionPolicy = fsdp_api()
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        if args.sharding == "hybrid_shard":
+            degree = shard_group_size(args, world_size, local_world_size)
+            # DIST: 2-D mesh: shard within groups of `degree` ranks, replicate across the groups
+            mesh = init_device_mesh(device.type, (world_size // degree, degree), mesh_dim_names=("replicate", "shard"))
+            how = f"hybrid: {world_size // degree} replica group(s) x {degree} shards"
+        else:
+            degree = world_size
+            mesh = init_device_mesh(device.type, (world_size,))  # DIST: every rank holds 1/N of each parameter
+            how = f"{degree} shards"
+        # DIST: full_shard frees each block's gathered parameters after its forward (ZeRO-3);
+        # shard_grad_op keeps them until backward (ZeRO-2: less communication, more memory).
+        reshard = args.sharding != "shard_grad_op"
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)  # DIST: one all-gather unit per block
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)  # DIST: embeddings, final norm, head
+        return model, degree, f"FSDP2 fully_shard ({how}, reshard_after_forward={reshard})"
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    # DIST: full replica per rank; gradients all-reduced in backward. gradient_as_bucket_view:
+        # the gradients live in DDP's buckets, so they are counted once, as they are stored.
+    model = DDP(model, device_ids=[device.index] if cuda else None, gradient_as_bucket_view=True)
+    zero = " + ZeroRedundancyOptimizer (ZeRO-1)" if args.sharding == "optimizer" else ""
+    return model, 1, "DDP (full replica per rank)" + zero
+
+
+def build_optimizer(model, args, world_size):
+    if args.sharding == "optimizer" and world_size > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        # DIST: ZeRO-1: each rank keeps AdamW state for its share of the parameters only and
+        # broadcasts its updated parameters after the step
+        return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=args.lr)
+    return torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    rank, world_size, local_rank, local_world_size = distributed_env()
+    smp = smp_settings(args)
+    smp_notes = apply_smp(args, smp) if smp else []
+    cuda = torch.cuda.is_available()
+    if smp.get("sm_activation_offloading") and not cuda:
+        # SMP settings are meant for GPU instances; here (a simulated host) there is no device
+        # memory to offload from, so the same hooks run in "simulate" mode and say so.
+        args.activation_offloading = "simulate"
+        smp_notes.append("no GPU on this host: activation offloading runs in simulate mode")
+    if args.activation_offloading == "cpu" and not cuda:
+        raise SystemExit(
+            "--activation-offloading cpu needs a GPU: offloading moves activations from device memory to "
+            "host memory, and on a CPU-only machine they are in host memory already, so nothing would be "
+            "freed. Fix: --activation-offloading simulate (the same hooks, copying into a separate host "
+            "buffer, to measure what would move and what it costs), or run on a GPU instance."
+        )
+
+    cpus = int(os.environ.get("SM_NUM_CPUS", os.cpu_count() or 1))
+    torch.set_num_threads(args.threads or max(1, cpus // local_world_size))
+
+    # Read the data before joining the process group: a missing channel fails every rank at once.
+    train = load_corpus(args.train, "train")
+    test = load_corpus(args.test, "test")
+    check_args(args, world_size, train_samples=len(train), procs_per_host=local_world_size)
+
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")  # LOCAL_RANK, never the global rank
+    if cuda:
+        torch.cuda.set_device(device)
+    backend = args.backend if args.backend != "auto" else ("nccl" if cuda else "gloo")
+    distributed = world_size > 1
+    if distributed:
+        # DIST: join the process group; torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT say how
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+    smp_library = init_smp(smp, rank) if smp else False
+    use_bf16 = args.mixed_precision == "bf16" or (
+        args.mixed_precision == "auto" and cuda and torch.cuda.is_bf16_supported()
+    )
+    dtype = torch.bfloat16 if use_bf16 else torch.float32
+
+    torch.manual_seed(args.seed)  # the same initial weights on every rank (and every technique)
+    model = GPT(args.layers, args.d_model, args.heads, args.seq_len).to(device)
+    model.checkpointing = args.activation_checkpointing
+    n_params = sum(p.numel() for p in model.parameters())
+    n_tensors = len(list(model.parameters()))
+    model, shard, how = wrap_model(model, args, world_size, local_world_size, device, dtype, cuda)
+    optimizer = build_optimizer(model, args, world_size)
+    # DDP and ZeRO-1 run the model in autocast for bf16; FSDP2 casts via its MixedPrecisionPolicy.
+    fsdp = how.startswith("FSDP2")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 and not fsdp else contextlib.nullcontext()
+
+    micro = args.batch_size // world_size
+    replicas = world_size // shard
+    config = {
+        "args": {k: v for k, v in vars(args).items()}, "world_size": world_size, "backend": backend,
+        "device": str(device), "technique": how, "shard_group_size": shard, "data_parallel_replicas": replicas,
+        "sequences_per_rank": micro, "parameters": n_params, "dtype": str(dtype).replace("torch.", ""),
+        "smp": smp, "smp_library": smp_library, "torch": torch.__version__, "python": platform.python_version(),
+        "host": os.environ.get("SM_CURRENT_HOST", platform.node()),
+        "corpus": f"pydoc_data.topics (CPython {platform.python_version()} docs): {len(train)} train / {len(test)} test characters",
+    }
+    if rank == 0:
+        for note in smp_notes:
+            print(note, flush=True)
+        if smp and not smp_library:
+            print("torch.sagemaker is not installed here (not the SMP image): plain PyTorch applies the same "
+                  "SMP settings.", flush=True)
+        print(f"{n_params:,} parameters; {how}; backend {backend}; {dtype}; global batch {args.batch_size} = "
+              f"{micro} sequence(s) x {world_size} rank(s)", flush=True)
+        print("Configuration: " + json.dumps(config, sort_keys=True, default=str), flush=True)
+
+    gen = torch.Generator().manual_seed(args.seed)  # the same batches on every rank; each takes its slice
+    step_times, loss_sum = [], 0.0
+    measured = {}
+    for step in range(1, args.steps + 1):
+        x, y = batch(train, args.batch_size, args.seq_len, gen)
+        x, y = x[rank * micro : (rank + 1) * micro].to(device), y[rank * micro : (rank + 1) * micro].to(device)  # DIST: this rank's slice
+        measure = step == min(2, args.steps)  # step 1 warms up the allocator and caches
+        if measure and cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+        t0 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        meter = SavedTensorMeter(args.activation_offloading)
+        with meter.hooks(), autocast:
+            logits = model(x)
+            loss = F.cross_entropy(logits.float().view(-1, VOCAB), y.view(-1))
+        if measure:
+            inner = model.module if hasattr(model, "module") else model
+            after_forward = sum(local_bytes(p) for p in inner.parameters())
+        loss.backward()  # DIST: DDP all-reduces / FSDP reduce-scatters the gradients here
+        if measure:
+            grads = sum(local_bytes(p.grad) for p in model.parameters())
+        optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()
+        step_times.append(time.perf_counter() - t0)
+        loss_value = loss.detach()
+        if distributed:
+            dist.all_reduce(loss_value)  # DIST: the mean loss over the global batch
+            loss_value /= world_size
+        loss_sum = loss_value.item()
+        if measure:
+            measured = dict(
+                param_bytes=sum(local_bytes(p) for p in model.parameters()),
+                grad_bytes=grads, optim_bytes=optimizer_state_bytes(optimizer),
+                params_after_forward_bytes=after_forward,
+                saved_act_bytes=meter.total, saved_act_block_bytes=meter.bytes["block"],
+                saved_act_outside_bytes=meter.bytes["outside"], offloaded_bytes=meter.offloaded_bytes,
+            )
+            if cuda:
+                measured["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
+        if step % args.log_interval == 0 or step == args.steps:
+            if rank == 0:
+                metrics(rank=0, step=step, train_loss=loss_sum)
+
+    test_loss, test_acc = evaluate(model, test, args, device, autocast)
+    per_param = 4 + 4 + 8  # fp32 parameter + fp32 gradient + AdamW's exp_avg and exp_avg_sq
+    full_state = n_params * per_param + n_tensors * 4  # + AdamW's fp32 `step` per tensor
+    state = measured["param_bytes"] + measured["grad_bytes"] + measured["optim_bytes"]
+    timed = step_times[1:] or step_times
+    metrics(
+        rank=rank, world_size=world_size, sharding=args.sharding, shard_group=shard,
+        checkpointing=int(args.activation_checkpointing), offloading=args.activation_offloading,
+        **measured, state_bytes=state, full_state_bytes=full_state, ideal_state_bytes=full_state // shard,
+        block_input_bytes=args.layers * micro * args.seq_len * args.d_model * 4,
+        step_time_s=sum(timed) / len(timed),
+    )
+    if rank == 0:
+        metrics(rank=0, final_train_loss=loss_sum, test_loss=test_loss, test_accuracy=test_acc,
+                perplexity=math.exp(test_loss))
+        print(f"final next-character test accuracy: {test_acc:.4f} (loss {test_loss:.4f}, perplexity "
+              f"{math.exp(test_loss):.2f})", flush=True)
+    save_model(model, args, config, rank)
+    if distributed:
+        # DIST: leave in step, so no rank tears the group down while a peer still needs it
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+def evaluate(model, test, args, device, autocast):
+    """Loss and next-character accuracy on fixed test windows, the same on every rank.
+
+    Every rank scores all of them: with FSDP each forward needs every rank's shards anyway.
+    """
+    gen = torch.Generator().manual_seed(1234)
+    x, y = batch(test, args.eval_sequences, args.seq_len, gen)
+    with torch.no_grad(), autocast:
+        logits = model(x.to(device)).float()
+    y = y.to(device)
+    loss = F.cross_entropy(logits.view(-1, VOCAB), y.view(-1)).item()
+    return loss, (logits.argmax(-1) == y).float().mean().item()
+
+
+def save_model(model, args, config, rank):
+    """Rank 0 writes the full weights (gathered from the shards) and the configuration."""
+    state = {}
+    inner = model.module if hasattr(model, "module") else model
+    for name, tensor in inner.state_dict().items():
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()  # DIST: all-gather this parameter's shards (every rank takes part)
+        if rank == 0:
+            state[name] = tensor.detach().cpu()
+    if rank == 0:
+        model_dir = Path(args.model_dir)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(state, model_dir / "model.pt")
+        (model_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
+        print(f"Saved the model and its configuration to {model_dir}.", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

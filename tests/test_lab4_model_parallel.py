@@ -1,0 +1,177 @@
+"""Lab 4: sharded state per rank, checkpointing, equal losses, TP/PP, bad input, the SageMaker request."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workshop import metrics
+from workshop.errors import WorkshopError
+from workshop.labs import get_lab
+from workshop.model_parallel import measure, prepare_corpus, run_on_sagemaker
+from workshop.runner import run_local
+
+LAB = get_lab("model_parallel")
+SCRIPT = LAB.entry_path
+BIN = Path(sys.executable).parent
+TINY = {"layers": 2, "d-model": 64, "heads": 4, "seq-len": 32, "batch-size": 8, "eval-sequences": 8}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return prepare_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def run_script(cmd: list[str], tmp_path: Path, corpus, hps: dict) -> subprocess.CompletedProcess:
+    args = [x for k, v in {**TINY, **hps}.items() for x in (f"--{k}", str(v))]
+    args += ["--train", str(corpus.train_dir), "--test", str(corpus.test_dir), "--model-dir", str(tmp_path / "model")]
+    return subprocess.run(cmd + [str(SCRIPT)] + args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+
+def accounting(stdout: str) -> dict:
+    return next(r for r in metrics.parse_lines(stdout.splitlines()) if "state_bytes" in r)
+
+
+@pytest.fixture(scope="module")
+def world2(corpus, tmp_path_factory):
+    """The same 3 steps at world size 2: no sharding, and full sharding."""
+    out = {}
+    for sharding in ("no_shard", "full_shard"):
+        out[sharding] = measure(sharding, 2, steps=3, data_dir=corpus.root,
+                                workdir=tmp_path_factory.mktemp(sharding))
+    return out
+
+
+def test_sharded_state_per_rank_is_within_10_percent_of_one_half(world2):
+    for row in world2["full_shard"]:
+        assert row["shard_group"] == 2
+        assert abs(row["state_bytes"] / (row["full_state_bytes"] / 2) - 1) < 0.10, row
+        assert row["param_bytes"] * 2 == sum(r["param_bytes"] for r in world2["no_shard"]) / 2
+    for row in world2["no_shard"]:
+        assert row["state_bytes"] == row["full_state_bytes"]  # DDP: every rank holds everything
+
+
+def test_sharded_training_reaches_the_unsharded_loss(world2):
+    a, b = world2["no_shard"][0], world2["full_shard"][0]
+    assert a["final_train_loss"] == pytest.approx(b["final_train_loss"], abs=1e-4)
+    assert a["test_loss"] == pytest.approx(b["test_loss"], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_world_size_four_full_and_hybrid(corpus, tmp_path):
+    full = measure("full_shard", 4, steps=2, data_dir=corpus.root, workdir=tmp_path / "full")
+    assert len(full) == 4
+    for row in full:
+        assert abs(row["state_bytes"] / (row["full_state_bytes"] / 4) - 1) < 0.10, row
+    hybrid = measure("hybrid_shard", 4, steps=2, data_dir=corpus.root, workdir=tmp_path / "hybrid",
+                     hyperparameters={"hybrid-shard-degree": 2})
+    for row in hybrid:  # 2 replicas x 2 shards: each rank holds half
+        assert row["shard_group"] == 2
+        assert abs(row["state_bytes"] / (row["full_state_bytes"] / 2) - 1) < 0.10, row
+
+
+def test_checkpointing_keeps_only_block_inputs(corpus, tmp_path):
+    plain = accounting(run_script([sys.executable], tmp_path, corpus, {"steps": 2}).stdout)
+    ckpt = accounting(run_script([sys.executable], tmp_path, corpus,
+                                 {"steps": 2, "activation-checkpointing": "true"}).stdout)
+    assert ckpt["saved_act_bytes"] < plain["saved_act_bytes"]
+    assert ckpt["saved_act_block_bytes"] == ckpt["block_input_bytes"]  # layers x batch x seq x d x 4 bytes
+    assert plain["saved_act_block_bytes"] > 5 * plain["block_input_bytes"]
+
+
+def test_offloading_simulated_moves_saved_bytes_and_cpu_mode_explains(corpus, tmp_path):
+    proc = run_script([sys.executable], tmp_path, corpus, {"steps": 2, "activation-offloading": "simulate"})
+    assert proc.returncode == 0, proc.stderr
+    assert accounting(proc.stdout)["offloaded_bytes"] >= accounting(proc.stdout)["saved_act_bytes"]
+    proc = run_script([sys.executable], tmp_path, corpus, {"steps": 2, "activation-offloading": "cpu"})
+    assert proc.returncode != 0
+    assert "needs a GPU" in proc.stderr and "already" in proc.stderr and "simulate" in proc.stderr
+
+
+def test_smp_settings_without_the_library_run_with_plain_pytorch(corpus, tmp_path):
+    smp = json.dumps({"hybrid_shard_degree": 1, "sm_activation_offloading": True})
+    proc = run_script([sys.executable], tmp_path, corpus, {"steps": 2, "mp_parameters": smp})
+    assert proc.returncode == 0, proc.stderr
+    assert "plain PyTorch applies the same SMP settings" in proc.stdout
+    assert "simulate mode" in proc.stdout
+    assert accounting(proc.stdout)["checkpointing"] == 1
+
+
+def test_tensor_and_pipeline_parallel_match_one_process(tmp_path):
+    proc = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2",
+                           str(LAB.source_dir / "tp_pp_demo.py")], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    record = metrics.last(metrics.parse_lines(proc.stdout.splitlines()), "match")
+    assert record == 1
+    assert "this rank holds (64, 32)" in proc.stdout
+
+
+def test_missing_channel_names_the_fix(corpus, tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--train", str(tmp_path / "none")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "has no corpus.txt" in proc.stderr and "python -m workshop.model_parallel prepare" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("hps", "procs", "message"),
+    [
+        ({"sharding": "hybrid_shard", "hybrid-shard-degree": 3}, 2, "sharding degree of 3 does not divide the world size 2"),
+        ({"mp_parameters": {"hybrid_shard_degree": 4}}, 2, "sharding degree of 4 does not divide"),
+        ({"d-model": 6, "heads": 1, "seq-len": 8, "batch-size": 4}, 4, "too small to shard over 4 ranks"),
+        ({"batch-size": 3}, 2, "does not split evenly over 2 ranks"),
+        ({"sharding": "zero9"}, 2, "invalid choice: 'zero9'"),
+        ({"mp_parameters": {"tensor_parallel_degree": 2}}, 2, "tensor_parallel_degree=2 is not used"),
+    ],
+)
+def test_bad_input_fails_before_any_process_starts(corpus, tmp_path, hps, procs, message):
+    with pytest.raises(WorkshopError, match=message):
+        run_local(LAB, hosts=1, procs_per_host=procs, hyperparameters={**TINY, **hps},
+                  workdir=tmp_path / "run", data_dir=corpus.root, echo=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_sagemaker_smp_request(corpus):
+    from sagemaker.train.distributed import SMP
+
+    smp = SMP(hybrid_shard_degree=8, sm_activation_offloading=True, activation_loading_horizon=2)
+    request = run_on_sagemaker(route="smp", smp=smp, hosts=2, hyperparameters={"steps": 10}, max_run_s=1200,
+                               data_dir=corpus.root, dry_run=True, region="us-east-1")
+    image = request["AlgorithmSpecification"]["TrainingImage"]
+    assert image == "658645717510.dkr.ecr.us-east-1.amazonaws.com/smdistributed-modelparallel:2.5.1-gpu-py311-cu124"
+    assert request["ResourceConfig"]["InstanceType"] == "ml.p4d.24xlarge"
+    assert request["StoppingCondition"]["MaxRuntimeInSeconds"] == 1200
+    distributed = json.loads(request.sm_drivers["distributed.json"])
+    assert {k: v for k, v in distributed["smp"].items() if v is not None} == {"hybrid_shard_degree": 8, "sm_activation_offloading": True,
+                                  "activation_loading_horizon": 2}
+    assert json.loads(request["HyperParameters"]["mp_parameters"])["hybrid_shard_degree"] == 8
+    assert request.channel("train").endswith("/train")
+
+
+def test_sagemaker_plain_fsdp_request(corpus):
+    request = run_on_sagemaker(route="fsdp", hosts=1, hyperparameters={"sharding": "full_shard"},
+                               data_dir=corpus.root, dry_run=True, region="us-east-1")
+    assert request["AlgorithmSpecification"]["TrainingImage"].endswith("pytorch-training:2.9-gpu-py312")
+    assert request["ResourceConfig"]["InstanceType"] == "ml.g5.12xlarge"
+    assert json.loads(request.sm_drivers["distributed.json"])["smp"] is None
+    assert request["StoppingCondition"]["MaxRuntimeInSeconds"] == 1800
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"route": "fsdp", "smp": {"hybrid_shard_degree": 2}}, "does not have the SageMaker model-parallel library"),
+        ({"route": "smp", "instance_type": "ml.g5.12xlarge"}, "SMP v2 does not run on ml.g5.12xlarge"),
+        ({"route": "fsdp", "instance_type": "ml.c5.2xlarge", "hyperparameters": {"activation-offloading": "cpu"}},
+         "has no GPU"),
+        ({"route": "smp", "smp": {"hybrid_shard_degree": 3}}, "does not divide the world size 16"),
+    ],
+)
+def test_sagemaker_bad_input(corpus, kwargs, message):
+    with pytest.raises(WorkshopError, match=message):
+        run_on_sagemaker(hosts=2, data_dir=corpus.root, dry_run=True, region="us-east-1", **kwargs)

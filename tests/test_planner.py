@@ -1,0 +1,235 @@
+"""The planner's formulas against hand-computed numbers, its monotonicity, and its rules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from workshop import planner
+from workshop.errors import WorkshopError
+from workshop.infra import INSTANCE_PRICES
+from workshop.planner import DDP, FULL, MIXED_ADAM, PS, ZERO1, ZERO2, Model
+
+GB = 1e9
+ONE_B = Model("1B", params=1e9, activation_bytes_per_sample=1e8, flops_per_sample=6e9 * 1024)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_zero_accounting_matches_hand_computed_bytes():
+    # ZeRO paper, 1B params, mixed-precision Adam (2 + 2 + 12 bytes/param), 8 ranks, batch 4.
+    acts = 4 * 1e8
+    cases = {
+        DDP: 16e9,
+        ZERO1: 2e9 + 2e9 + 12e9 / 8,  # 5.5 GB
+        ZERO2: 2e9 + 14e9 / 8,  # 3.75 GB
+        FULL: 16e9 / 8,  # 2 GB
+    }
+    for strategy, states in cases.items():
+        mem = planner.memory_per_gpu(ONE_B, strategy, batch_size=4, data_parallel=8)
+        assert mem.model_states == pytest.approx(states), strategy
+        assert mem.total == pytest.approx(states + acts), strategy
+        assert mem.host == 0
+
+
+def test_precision_presets_hold_the_stated_bytes_per_parameter():
+    assert MIXED_ADAM.total == 16
+    assert planner.FP32_ADAM.total == 16
+    assert planner.FP32_SGD_MOMENTUM.total == 12
+    mem = planner.memory_per_gpu(ONE_B, DDP, 1, 1, precision=planner.FP32_SGD_MOMENTUM)
+    assert mem.model_states == pytest.approx(12e9)
+
+
+def test_offload_moves_optimizer_state_and_for_full_sharding_everything_to_the_host():
+    z2 = planner.memory_per_gpu(ONE_B, ZERO2, 1, 8, offload=True)
+    assert z2.optimizer == 0
+    assert z2.host == pytest.approx(12e9 / 8)
+    assert z2.params == pytest.approx(2e9)
+    full = planner.memory_per_gpu(ONE_B, FULL, 1, 8, offload=True)
+    assert full.model_states == 0
+    assert full.host == pytest.approx(16e9 / 8)
+
+
+def test_sharded_memory_falls_with_more_ranks_and_ddp_does_not():
+    for strategy in (ZERO1, ZERO2, FULL):
+        totals = [planner.memory_per_gpu(ONE_B, strategy, 2, d).total for d in (1, 2, 4, 8, 64)]
+        assert all(a > b for a, b in zip(totals, totals[1:], strict=False)), strategy
+    ddp = {planner.memory_per_gpu(ONE_B, DDP, 2, d).total for d in (1, 2, 64)}
+    assert len(ddp) == 1
+    # ...and the lighter the sharding, the more memory, at any rank count > 1.
+    for d in (2, 8):
+        m = [planner.memory_per_gpu(ONE_B, s, 2, d).total for s in (DDP, ZERO1, ZERO2, FULL)]
+        assert m == sorted(m, reverse=True)
+
+
+def test_tensor_parallel_divides_the_weights_each_rank_holds():
+    a = planner.memory_per_gpu(ONE_B, DDP, 1, 1)
+    b = planner.memory_per_gpu(ONE_B, DDP, 1, 1, tensor_parallel=8)
+    assert b.model_states == pytest.approx(a.model_states / 8)
+    one = planner.step_time(ONE_B, "ml.p4d.24xlarge", DDP, 4)
+    tp8 = planner.step_time(ONE_B, "ml.p4d.24xlarge", DDP, 4, tensor_parallel=8)
+    assert tp8.compute_s == pytest.approx(one.compute_s / 8)
+
+
+# --------------------------------------------------------------------------- communication
+
+
+def test_ring_allreduce_is_the_alpha_beta_formula():
+    t = planner.ring_allreduce_s(1e9, 4, bandwidth_Bps=1e9, alpha_s=1e-3)
+    assert t == pytest.approx(2 * 3 / 4 * 1.0 + 2 * 3 * 1e-3)
+    assert planner.ring_allreduce_s(1e9, 1, 1e9, 1e-3) == 0
+    # bandwidth term grows towards 2K/B with n and never passes it
+    ts = [planner.ring_allreduce_s(1e9, n, 1e9, 0.0) for n in (2, 4, 8, 1024)]
+    assert ts == sorted(ts) and ts[-1] < 2.0
+
+
+def test_hierarchical_beats_a_flat_ring_across_instances():
+    inst = planner.get_instance("ml.p4d.24xlarge")
+    k = 2e9
+    flat = planner.allreduce_s(k, inst, 8, 4, algorithm="ring")
+    hier = planner.allreduce_s(k, inst, 8, 4, algorithm="hierarchical")
+    assert hier < flat
+    # by hand: flat ring, every GPU at 400 Gbps / 8 = 6.25 GB/s, 32 ranks
+    assert flat == pytest.approx(2 * 31 / 32 * k / 6.25e9 + 62 * inst.alpha_s)
+    # inside one instance both are the same ring over NVLink
+    assert planner.allreduce_s(k, inst, 8, 1, "ring") == planner.allreduce_s(k, inst, 8, 1, "hierarchical")
+
+
+def test_parameter_server_bottleneck_moves_to_the_servers_with_many_workers():
+    k, b = 1e8, 1e9
+    few = planner.parameter_server_s(k, workers=1, servers=2, worker_Bps=b, server_Bps=b, alpha_s=0)
+    assert few == pytest.approx(2 * k / b)  # the worker's own link
+    many = planner.parameter_server_s(k, workers=16, servers=2, worker_Bps=b, server_Bps=b, alpha_s=0)
+    assert many == pytest.approx(2 * 16 * k / (2 * b))  # the servers' links
+    with pytest.raises(WorkshopError):
+        planner.parameter_server_s(k, 0, 1, b, b, 0)
+
+
+def test_full_sharding_moves_one_and_a_half_times_the_ddp_volume():
+    s_ddp = planner.step_time(ONE_B, "ml.p4d.24xlarge", DDP, 4, instance_count=2)
+    s_full = planner.step_time(ONE_B, "ml.p4d.24xlarge", FULL, 4, instance_count=2)
+    assert s_full.comm_s == pytest.approx(1.5 * s_ddp.comm_s)
+    assert s_full.bytes_per_gpu == pytest.approx(1.5 * s_ddp.bytes_per_gpu)
+    assert s_ddp.bytes_per_gpu == pytest.approx(2 * 15 / 16 * 2e9)  # 16 ranks, 2 bytes/grad
+
+
+# --------------------------------------------------------------------------- step, plan
+
+
+def test_compute_from_flops_and_mfu():
+    s = planner.step_time(ONE_B, "ml.p4d.24xlarge", DDP, batch_size=4, instance_count=1,
+                          procs_per_instance=1, mfu=0.5)
+    assert s.comm_s == 0
+    assert s.compute_s == pytest.approx(4 * 6e9 * 1024 / (312e12 * 0.5))
+
+
+def test_overlap_hides_communication_and_oversubscription_time_shares():
+    m = planner.with_compute(ONE_B, 0.01)
+    none = planner.step_time(m, "ml.p4d.24xlarge", DDP, 8, 2, overlap=0.0)
+    full = planner.step_time(m, "ml.p4d.24xlarge", DDP, 8, 2, overlap=1.0)
+    assert full.total_s < none.total_s
+    assert none.total_s == pytest.approx(none.compute_s + none.comm_s)
+    local = planner.local_instance(devices=2, alpha_s=1e-4, bandwidth_Bps=1e9)
+    two = planner.step_time(m, local, DDP, 8, 1, procs_per_instance=2)
+    four = planner.step_time(m, local, DDP, 8, 1, procs_per_instance=4)
+    assert two.compute_s == pytest.approx(0.08)
+    assert four.compute_s == pytest.approx(0.16)  # 4 processes on 2 cores
+
+
+def test_plan_efficiency_is_at_most_one_and_falls_with_instances():
+    m = planner.with_compute(ONE_B, 0.005)
+    effs = [planner.plan(m, "ml.p4d.24xlarge", 4, n).row(DDP).efficiency for n in (1, 2, 4, 16)]
+    assert all(0 < e <= 1 for e in effs)
+    assert effs == sorted(effs, reverse=True)
+
+
+def test_cost_per_epoch_uses_the_infra_price_table():
+    p = planner.plan(ONE_B, "ml.p4d.24xlarge", 4, 2, dataset_samples=100_000)
+    row = p.row(DDP)
+    price = INSTANCE_PRICES["ml.p4d.24xlarge"].usd_per_hour
+    assert row.cost_per_epoch_usd == pytest.approx(100_000 / row.samples_per_sec / 3600 * 2 * price)
+    assert "| DDP (replicated) |" in p.table()
+    assert p.instance.usd_per_hour == price
+
+
+def test_parameter_server_rows_need_two_instances():
+    assert all(r.strategy != PS for r in planner.plan(ONE_B, "ml.p4d.24xlarge", 4, 1).rows)
+    assert any(r.strategy == PS for r in planner.plan(ONE_B, "ml.p4d.24xlarge", 4, 2).rows)
+
+
+# --------------------------------------------------------------------------- recommend
+
+
+def test_small_model_gets_ddp_and_fills_one_instance_first():
+    small = Model("cnn", params=4.2e5, activation_bytes_per_sample=1e6, compute_s_per_sample=1e-4)
+    rec = planner.recommend(small, "ml.g5.12xlarge", batch_size=64, gpus=4)
+    assert (rec.strategy, rec.offload, rec.instance_count, rec.procs_per_instance) == (DDP, False, 1, 4)
+    rec = planner.recommend(small, "ml.g5.12xlarge", batch_size=64, gpus=3)
+    assert (rec.instance_count, rec.procs_per_instance) == (1, 3)
+    rec = planner.recommend(small, "ml.g5.12xlarge", batch_size=64, gpus=6)
+    assert (rec.instance_count, rec.procs_per_instance) == (2, 4)  # full instances, not 2 x 3
+    assert "fits" not in rec.reason or "no sharding" in rec.reason
+
+
+def test_model_too_big_for_one_gpu_gets_the_lightest_sharding_that_fits():
+    # 7B, mixed-precision Adam: DDP 112 GB; on 8 x 40 GB (36 usable) with 1 GB activations:
+    # ZeRO-1 4*7 + 12*7/8 = 38.5 (+1) no; ZeRO-2 2*7 + 14*7/8 = 26.25 (+1) yes.
+    m = Model("7B", params=7e9, activation_bytes_per_sample=1e9, compute_s_per_sample=0.1)
+    rec = planner.recommend(m, "ml.p4d.24xlarge", batch_size=1)
+    assert rec.strategy == ZERO2 and not rec.offload
+    assert rec.plan.row(ZERO1).memory.total == pytest.approx(39.5e9)
+    assert rec.plan.row(ZERO2).memory.total == pytest.approx(27.25e9)
+    # on 80 GB GPUs (72 usable) ZeRO-1 already fits: 39.5 GB
+    assert planner.recommend(m, "ml.p4de.24xlarge", batch_size=1).strategy == ZERO1
+
+
+def test_offload_only_when_no_sharding_fits_and_a_clear_error_when_nothing_does():
+    # 13B on one g5.xlarge (24 GB, 21.6 usable): full sharding over 1 GPU = 208 GB; offloaded: 0.
+    m = Model("13B", params=13e9, activation_bytes_per_sample=2e9, compute_s_per_sample=1.0)
+    rec = planner.recommend(m, "ml.g5.xlarge", batch_size=1)
+    assert rec.offload and rec.strategy in (ZERO1, ZERO2, FULL)
+    assert rec.strategy == FULL  # ZeRO-1/2 + offload still keep 4 bytes/param of fp16 state
+    huge_acts = Model("acts", params=1e6, activation_bytes_per_sample=50e9, compute_s_per_sample=1.0)
+    with pytest.raises(WorkshopError) as err:
+        planner.recommend(huge_acts, "ml.g5.xlarge", batch_size=1)
+    assert "Fix:" in str(err.value) and "batch_size" in str(err.value)
+
+
+# --------------------------------------------------------------------------- errors, catalogue
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: planner.get_instance("ml.nope.xlarge"),
+        lambda: planner.plan(ONE_B, "ml.p4d.24xlarge", batch_size=0),
+        lambda: planner.plan(ONE_B, "ml.p4d.24xlarge", 4, instance_count=0),
+        lambda: planner.plan(ONE_B, "ml.p4d.24xlarge", 4, instance_count=-2),
+        lambda: planner.memory_per_gpu(ONE_B, "zero9", 1, 1),
+        lambda: planner.step_time(ONE_B, "ml.g5.xlarge", DDP, 1),  # no peak FLOP/s for A10G
+        lambda: planner.step_time(ONE_B, "ml.p4d.24xlarge", DDP, 1, mfu=1.5),
+        lambda: planner.step_time(ONE_B, "ml.p4d.24xlarge", DDP, 1, overlap=2),
+        lambda: planner.step_time(ONE_B, "ml.p4d.24xlarge", DDP, 1, tensor_parallel=3),
+        lambda: planner.recommend(ONE_B, "ml.p4d.24xlarge", 1, instance_count=1, gpus=8),
+        lambda: Model("bad", params=0),
+        lambda: Model("bad", params=1, compute_s_per_sample=-1),
+    ],
+)
+def test_mistakes_raise_workshop_errors_that_name_a_fix(call):
+    with pytest.raises(WorkshopError) as err:
+        call()
+    assert err.value.fix
+
+
+def test_catalogue_entries_cite_sources_and_reuse_the_infra_prices():
+    for name, inst in planner.CATALOGUE.items():
+        assert inst.name == name and inst.gpus >= 1 and inst.gpu_memory_gb > 0 and inst.network_gbps > 0
+        assert "https://" in inst.source and inst.date
+        if name in INSTANCE_PRICES:
+            assert inst.usd_per_hour == INSTANCE_PRICES[name].usd_per_hour
+        else:
+            assert inst.usd_per_hour is None
+    assert planner.get_instance("p4d.24xlarge").name == "ml.p4d.24xlarge"
+    assert math.isinf(planner.local_instance(2, 1e-4, 1e9).gpu_memory_gb)

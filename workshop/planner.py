@@ -1,0 +1,664 @@
+"""A planner for clusters larger than this machine: memory, step time, cost, and a strategy.
+
+Given a model (parameters, activation bytes per sample, and either FLOPs per sample or a
+measured compute time per sample), an instance type from `CATALOGUE`, a per-GPU batch size and
+an instance count, it predicts for each strategy
+
+- the memory each GPU holds (model states + activations), with and without offloading;
+- the step time: compute plus communication from an alpha-beta model (ring all-reduce,
+  parameter-server push/pull, hierarchical all-reduce: inside the instance, then across);
+- hence samples/s, scaling efficiency against one GPU, and cost per epoch,
+
+and `recommend()` picks a strategy the way the workshop's seed material does: fill one instance
+first; plain data parallel (DDP) if the model fits in one GPU; otherwise shard, choosing the
+lightest sharding that fits (optimizer state, then gradients too, then everything, then offload).
+
+    from workshop import planner
+    m = planner.Model("gpt2-xl", params=1.5e9, activation_bytes_per_sample=1.2e9,
+                      flops_per_sample=6 * 1.5e9 * 1024)
+    print(planner.plan(m, "ml.p4d.24xlarge", batch_size=8, instance_count=2).table())
+    print(planner.recommend(m, "ml.g5.12xlarge", batch_size=8).reason)
+
+Pure Python, no framework imported. The formulas (each with its source):
+
+Memory per GPU, for Psi parameters sharded over D data-parallel ranks (ZeRO: Rajbhandari et
+al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC'20,
+https://arxiv.org/abs/1910.02054, section 3.1 and figure 1): mixed-precision Adam keeps
+2 bytes/param of fp16/bf16 weights, 2 of gradients and K = 12 of optimizer state (fp32 master
+weights, momentum, variance):
+
+    DDP                        (2 + 2 + 12) Psi
+    optimizer sharding (ZeRO-1)  2 Psi + 2 Psi + 12 Psi / D
+    + gradients      (ZeRO-2)  2 Psi + (2 + 12) Psi / D
+    full sharding (ZeRO-3/FSDP)  (2 + 2 + 12) Psi / D
+
+plus activations (batch x activation bytes per sample). Offloading (ZeRO-Offload,
+https://arxiv.org/abs/2101.06840; FSDP's CPUOffload) moves the optimizer state (for full
+sharding: the parameters and gradients too) to host memory; the GPU keeps the rest.
+`Precision` holds the bytes per parameter, so fp32 Adam (4 + 4 + 8) and fp32 SGD with momentum
+(4 + 4 + 4, lab 3's CNN) work the same way.
+
+Communication, alpha-beta (Hockney) model, message of K bytes over n ranks, link bandwidth B
+and per-message latency alpha (Thakur, Rabenseifner, Gropp, "Optimization of Collective
+Communication Operations in MPICH", 2005; NCCL's bus bandwidth, nccl-tests PERFORMANCE.md):
+
+    ring all-reduce      2(n-1)/n * K/B + 2(n-1) alpha
+    reduce-scatter, all-gather   (n-1)/n * K/B + (n-1) alpha   each
+    hierarchical all-reduce      reduce-scatter inside the instance (NVLink), all-reduce of
+                                 the 1/g shard across instances (each GPU's share of the
+                                 network: B_net / g), all-gather inside the instance
+    parameter server (synchronous push/pull, S servers, W workers): each worker pushes its
+                                 gradient and pulls the weights, K each way; the servers take
+                                 W*K in and send W*K out through S links:
+                                 max(2K/B_worker, 2 W K / (S B_server)) + 2 alpha
+
+DDP and ZeRO-1/2 move the volume of one all-reduce of the gradients per step; full sharding
+moves 1.5x that (all-gather of the weights for forward and again for backward, reduce-scatter
+of the gradients; ZeRO paper section 7). Communication overlapping compute (DDP's buckets) is a
+parameter, `overlap` (0: none, 1: all of it hidden behind the backward pass, taken as 2/3 of
+the compute).
+
+Compute per step = per-GPU batch x seconds per sample: measured, or FLOPs per sample /
+(peak FLOP/s x `mfu`, the fraction of peak a real job reaches). When more processes share an
+instance than it has devices (a CPU host running 4 ranks on 2 cores), they time-share:
+compute is multiplied by procs / devices.
+
+Known simplifications, on purpose: no tensor- or pipeline-parallel communication (a
+`tensor_parallel` degree only divides the weights each data-parallel rank holds and syncs);
+offload adds host-device transfers at `pcie_GBps` but not the CPU's optimizer time; no
+stragglers, no input pipeline. Validation against measurements and published figures:
+benchmarks/bench_strategies.py and its report.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from workshop.errors import WorkshopError
+
+GB = 1e9
+GIB = 1024**3
+CATALOGUE_DATE = "2026-11-22"
+
+# --------------------------------------------------------------------------- catalogue
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """One instance type's numbers the planner uses, with where they came from."""
+
+    name: str
+    gpus: int  # devices per instance (GPUs; for a CPU host, the cores training uses)
+    gpu_memory_gb: float  # per device, GB (1e9 bytes) as the vendor states it
+    network_gbps: float  # instance network bandwidth, Gbit/s (EFA where present)
+    peak_tflops: float | None  # per device, dense bf16/fp16 tensor-core TFLOP/s
+    intra_node_GBps: float  # per-device bandwidth between devices of one instance, GB/s
+    usd_per_hour: float | None  # SageMaker training, on-demand, us-east-1
+    source: str  # URL(s) the numbers were read from, and how
+    date: str = CATALOGUE_DATE
+    alpha_s: float = 5e-6  # latency per message between instances
+    intra_alpha_s: float = 2e-6  # latency per message inside the instance
+    pcie_GBps: float = 16.0  # host <-> device, per device (for offloading)
+    host_memory_gb: float | None = None  # instance RAM (offloaded states live there)
+    price_source: str = ""
+
+    @property
+    def network_Bps(self) -> float:
+        return self.network_gbps * 1e9 / 8
+
+    @property
+    def intra_Bps(self) -> float:
+        return self.intra_node_GBps * GB
+
+
+def _price(name: str) -> tuple[float | None, str]:
+    """The price from workshop.infra's table (one place for prices), else None."""
+    from workshop.infra import INSTANCE_PRICES, PRICE_REGION, PRICES_DATE
+
+    price = INSTANCE_PRICES.get(name)
+    if price is None:
+        return None, "no price on record in workshop.infra.INSTANCE_PRICES"
+    return price.usd_per_hour, f"workshop.infra ({PRICE_REGION}, {PRICES_DATE}): {price.source}"
+
+
+_UNVERIFIED = (
+    "unverified: AWS/NVIDIA product pages are not reachable from the machine this was written "
+    "on; values as those pages publish them, to be checked at "
+)
+
+
+def _entry(name: str, **kw) -> InstanceType:
+    usd, why = _price(name)
+    return InstanceType(name=name, usd_per_hour=usd, price_source=why, **kw)
+
+
+# GPU peak (dense, no sparsity): A100 312 TFLOP/s bf16 (NVIDIA A100 datasheet); H100 SXM 989
+# (H100 datasheet); V100 SXM2 125 fp16 tensor (V100 datasheet); A10G and T4 left out (None)
+# where no AWS-published figure was at hand: give flops via compute_s_per_sample instead.
+CATALOGUE: dict[str, InstanceType] = {
+    e.name: e
+    for e in [
+        _entry(
+            "ml.p4d.24xlarge", gpus=8, gpu_memory_gb=40, network_gbps=400, peak_tflops=312,
+            intra_node_GBps=300, host_memory_gb=1152,
+            source=_UNVERIFIED + "https://aws.amazon.com/ec2/instance-types/p4/ (8 A100 40 GB, "
+            "400 Gbps EFA, NVSwitch 600 GB/s bidirectional) and "
+            "https://www.nvidia.com/en-us/data-center/a100/",
+        ),
+        _entry(
+            "ml.p4de.24xlarge", gpus=8, gpu_memory_gb=80, network_gbps=400, peak_tflops=312,
+            intra_node_GBps=300, host_memory_gb=1152,
+            source=_UNVERIFIED + "https://aws.amazon.com/ec2/instance-types/p4/ (8 A100 80 GB)",
+        ),
+        _entry(
+            "ml.p5.48xlarge", gpus=8, gpu_memory_gb=80, network_gbps=3200, peak_tflops=989,
+            intra_node_GBps=450, host_memory_gb=2048,
+            source=_UNVERIFIED + "https://aws.amazon.com/ec2/instance-types/p5/ (8 H100 80 GB, "
+            "3200 Gbps EFAv2, NVSwitch 900 GB/s bidirectional) and "
+            "https://www.nvidia.com/en-us/data-center/h100/",
+        ),
+        _entry(
+            "ml.p3.2xlarge", gpus=1, gpu_memory_gb=16, network_gbps=10, peak_tflops=125,
+            intra_node_GBps=150, host_memory_gb=61,
+            source=_UNVERIFIED + "https://aws.amazon.com/ec2/instance-types/p3/ (1 V100 16 GB, "
+            "up to 10 Gbps)",
+        ),
+        _entry(
+            "ml.p3.16xlarge", gpus=8, gpu_memory_gb=16, network_gbps=25, peak_tflops=125,
+            intra_node_GBps=150, host_memory_gb=488,
+            source=_UNVERIFIED + "https://aws.amazon.com/ec2/instance-types/p3/ (8 V100 16 GB, "
+            "NVLink 300 GB/s, 25 Gbps)",
+        ),
+        _entry(
+            "ml.p3dn.24xlarge", gpus=8, gpu_memory_gb=32, network_gbps=100, peak_tflops=125,
+            intra_node_GBps=150, host_memory_gb=768,
+            source=_UNVERIFIED + "https://aws.amazon.com/ec2/instance-types/p3/ (8 V100 32 GB, "
+            "100 Gbps EFA)",
+        ),
+        _entry(
+            "ml.g5.xlarge", gpus=1, gpu_memory_gb=24, network_gbps=10, peak_tflops=None,
+            intra_node_GBps=16, host_memory_gb=16,
+            source=_UNVERIFIED + "https://aws.amazon.com/ec2/instance-types/g5/ (1 A10G 24 GB, "
+            "up to 10 Gbps)",
+        ),
+        _entry(
+            "ml.g5.12xlarge", gpus=4, gpu_memory_gb=24, network_gbps=40, peak_tflops=None,
+            intra_node_GBps=16, host_memory_gb=192,
+            source=_UNVERIFIED + "https://aws.amazon.com/ec2/instance-types/g5/ (4 A10G 24 GB, "
+            "PCIe, no NVLink, 40 Gbps)",
+        ),
+        _entry(
+            "ml.g4dn.xlarge", gpus=1, gpu_memory_gb=16, network_gbps=25, peak_tflops=None,
+            intra_node_GBps=16, host_memory_gb=16,
+            source=_UNVERIFIED + "https://aws.amazon.com/ec2/instance-types/g4/ (1 T4 16 GB, "
+            "up to 25 Gbps)",
+        ),
+    ]
+}
+
+
+def get_instance(instance_type: str | InstanceType) -> InstanceType:
+    if isinstance(instance_type, InstanceType):
+        return instance_type
+    found = CATALOGUE.get(instance_type) or CATALOGUE.get(f"ml.{instance_type}")
+    if found is None:
+        raise WorkshopError(
+            f"The planner's catalogue has no instance type {instance_type!r}.",
+            f"use one of {', '.join(sorted(CATALOGUE))}, or pass a planner.InstanceType(...) "
+            "with its GPUs, memory, network bandwidth and price.",
+        )
+    return found
+
+
+def local_instance(devices: int, alpha_s: float, bandwidth_Bps: float, name: str = "this machine") -> InstanceType:
+    """A CPU host as the planner sees it: `devices` cores, loopback with a measured alpha/B."""
+    return InstanceType(
+        name=name, gpus=devices, gpu_memory_gb=math.inf, network_gbps=bandwidth_Bps * 8 / 1e9,
+        peak_tflops=None, intra_node_GBps=bandwidth_Bps / GB, usd_per_hour=None,
+        source="measured: benchmarks/bench_allreduce.py", alpha_s=alpha_s, intra_alpha_s=alpha_s,
+    )
+
+
+# --------------------------------------------------------------------------- model, precision
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per parameter of the model states (ZeRO paper's 2 + 2 + K accounting)."""
+
+    name: str
+    param_bytes: float
+    grad_bytes: float
+    optimizer_bytes: float
+
+    @property
+    def total(self) -> float:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+MIXED_ADAM = Precision("mixed-precision Adam (2+2+12)", 2, 2, 12)
+FP32_ADAM = Precision("fp32 Adam (4+4+8)", 4, 4, 8)
+FP32_SGD_MOMENTUM = Precision("fp32 SGD with momentum (4+4+4)", 4, 4, 4)
+
+
+@dataclass(frozen=True)
+class Model:
+    """What the planner needs to know about a model."""
+
+    name: str
+    params: float
+    activation_bytes_per_sample: float = 0.0
+    flops_per_sample: float | None = None  # forward + backward (e.g. 6 x params x tokens)
+    compute_s_per_sample: float | None = None  # measured on one device; wins over flops
+
+    def __post_init__(self):
+        if not self.params > 0:
+            raise WorkshopError(f"Model {self.name!r}: params must be positive, got {self.params}.",
+                                "give the parameter count, e.g. sum(p.numel() for p in model.parameters()).")
+        if self.activation_bytes_per_sample < 0:
+            raise WorkshopError(f"Model {self.name!r}: activation_bytes_per_sample is negative.",
+                                "give bytes of activations kept per sample (0 if unknown).")
+        for name in ("flops_per_sample", "compute_s_per_sample"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise WorkshopError(f"Model {self.name!r}: {name} must be positive, got {value}.",
+                                    "leave it None or give a positive number.")
+
+
+# --------------------------------------------------------------------------- strategies
+
+DDP, ZERO1, ZERO2, FULL, PS = "ddp", "zero1", "zero2", "full_shard", "parameter_server"
+STRATEGIES = (DDP, ZERO1, ZERO2, FULL, PS)
+LABELS = {
+    DDP: "DDP (replicated)",
+    ZERO1: "optimizer-state sharding (ZeRO-1)",
+    ZERO2: "gradient + optimizer sharding (ZeRO-2)",
+    FULL: "full sharding (ZeRO-3 / FSDP)",
+    PS: "parameter server (sync push/pull)",
+}
+# Lightest first: the order recommend() tries them in.
+SHARDING_ORDER = (ZERO1, ZERO2, FULL)
+
+
+def _check_strategy(strategy: str) -> None:
+    if strategy not in STRATEGIES:
+        raise WorkshopError(f"Unknown strategy {strategy!r}.", f"use one of {', '.join(STRATEGIES)}.")
+
+
+def _positive_int(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise WorkshopError(f"{name} must be a whole number of at least 1, got {value!r}.",
+                            f"pass {name}=1 or more.")
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per GPU (and per GPU's share of host memory, when offloading)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    host: float = 0.0  # offloaded to the instance's CPU memory, per GPU
+
+    @property
+    def model_states(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.model_states + self.activations
+
+
+def memory_per_gpu(
+    model: Model, strategy: str, batch_size: int, data_parallel: int,
+    precision: Precision = MIXED_ADAM, offload: bool = False, tensor_parallel: int = 1,
+) -> Memory:
+    """Memory one GPU holds: the ZeRO accounting above, for `data_parallel` sharding ranks."""
+    _check_strategy(strategy)
+    _positive_int("batch_size", batch_size)
+    _positive_int("data_parallel", data_parallel)
+    _positive_int("tensor_parallel", tensor_parallel)
+    psi = model.params / tensor_parallel  # weights each data-parallel rank replicates or shards
+    d = data_parallel
+    p, g, o = psi * precision.param_bytes, psi * precision.grad_bytes, psi * precision.optimizer_bytes
+    if strategy in (DDP, PS):  # a PS worker holds a full copy of weights and gradients too
+        if strategy == PS:
+            o = 0.0  # the optimizer state lives on the parameter servers
+    elif strategy == ZERO1:
+        o /= d
+    elif strategy == ZERO2:
+        g, o = g / d, o / d
+    elif strategy == FULL:
+        p, g, o = p / d, g / d, o / d
+    acts = batch_size * model.activation_bytes_per_sample / tensor_parallel
+    host = 0.0
+    if offload:
+        host, o = o, 0.0
+        if strategy == FULL:  # FSDP CPUOffload / ZeRO-Infinity: the shards live on the host
+            host, p, g = host + p + g, 0.0, 0.0
+    return Memory(p, g, o, acts, host)
+
+
+# --------------------------------------------------------------------------- communication
+
+
+def ring_allreduce_s(nbytes: float, n: int, bandwidth_Bps: float, alpha_s: float) -> float:
+    """Ring all-reduce: each rank sends and receives 2(n-1)/n of the message."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / bandwidth_Bps + 2 * (n - 1) * alpha_s
+
+
+def ring_half_s(nbytes: float, n: int, bandwidth_Bps: float, alpha_s: float) -> float:
+    """Reduce-scatter or all-gather on a ring: half an all-reduce."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * nbytes / bandwidth_Bps + (n - 1) * alpha_s
+
+
+def hierarchical_allreduce_s(nbytes: float, inst: InstanceType, gpus_per_node: int, nodes: int) -> float:
+    """Reduce-scatter inside each instance, all-reduce of each 1/g shard across instances
+    (g rings in parallel, each with 1/g of the network), all-gather inside."""
+    inside = 2 * ring_half_s(nbytes, gpus_per_node, inst.intra_Bps, inst.intra_alpha_s)
+    across = ring_allreduce_s(nbytes / gpus_per_node, nodes, inst.network_Bps / gpus_per_node, inst.alpha_s)
+    return inside + across
+
+
+def flat_ring_bandwidth(inst: InstanceType, gpus_per_node: int, nodes: int) -> tuple[float, float]:
+    """(bandwidth per rank, alpha) of one flat ring over all GPUs: across instances every GPU
+    gets its share of the network."""
+    if nodes == 1:
+        return inst.intra_Bps, inst.intra_alpha_s
+    return min(inst.intra_Bps, inst.network_Bps / gpus_per_node), inst.alpha_s
+
+
+def allreduce_s(nbytes: float, inst: InstanceType, gpus_per_node: int, nodes: int,
+                algorithm: str = "hierarchical") -> float:
+    if algorithm == "hierarchical" and nodes > 1:
+        return hierarchical_allreduce_s(nbytes, inst, gpus_per_node, nodes)
+    if algorithm not in ("hierarchical", "ring"):
+        raise WorkshopError(f"Unknown all-reduce algorithm {algorithm!r}.", "use 'ring' or 'hierarchical'.")
+    bw, alpha = flat_ring_bandwidth(inst, gpus_per_node, nodes)
+    return ring_allreduce_s(nbytes, gpus_per_node * nodes, bw, alpha)
+
+
+def parameter_server_s(nbytes: float, workers: int, servers: int, worker_Bps: float,
+                       server_Bps: float, alpha_s: float) -> float:
+    """Synchronous push (gradients) and pull (weights), K bytes each way per worker."""
+    if workers < 1 or servers < 1:
+        raise WorkshopError("A parameter server needs at least one worker and one server.",
+                            "use 2 or more instances (one coordinates, the rest work).")
+    worker_side = 2 * nbytes / worker_Bps
+    server_side = 2 * workers * nbytes / (servers * server_Bps)
+    return max(worker_side, server_side) + 2 * alpha_s
+
+
+# --------------------------------------------------------------------------- step time
+
+
+@dataclass(frozen=True)
+class Step:
+    compute_s: float
+    comm_s: float  # communication time, before overlap
+    exposed_comm_s: float  # what is left after overlap with the backward pass
+    bytes_per_gpu: float  # bytes each GPU sends per step (ring: 2(n-1)/n K ...)
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.exposed_comm_s
+
+
+def compute_s_per_sample(model: Model, inst: InstanceType, mfu: float) -> float:
+    if model.compute_s_per_sample is not None:
+        return model.compute_s_per_sample
+    if model.flops_per_sample is None:
+        raise WorkshopError(f"Model {model.name!r} has neither compute_s_per_sample nor flops_per_sample.",
+                            "measure seconds per sample on one device, or give FLOPs per sample "
+                            "(about 6 x parameters x tokens for a transformer).")
+    if inst.peak_tflops is None:
+        raise WorkshopError(f"The catalogue has no peak FLOP/s for {inst.name}.",
+                            "give the model's measured compute_s_per_sample on that GPU instead.")
+    if not 0 < mfu <= 1:
+        raise WorkshopError(f"mfu must be in (0, 1], got {mfu}.", "use e.g. 0.4 (40% of peak).")
+    return model.flops_per_sample / (inst.peak_tflops * 1e12 * mfu)
+
+
+def step_time(
+    model: Model, instance_type: str | InstanceType, strategy: str, batch_size: int,
+    instance_count: int = 1, procs_per_instance: int | None = None,
+    precision: Precision = MIXED_ADAM, offload: bool = False, tensor_parallel: int = 1,
+    mfu: float = 0.4, overlap: float = 0.0, algorithm: str = "hierarchical",
+    comm_dtype_bytes: float | None = None,
+) -> Step:
+    """Predicted time of one training step (every rank does one micro-batch of `batch_size`)."""
+    _check_strategy(strategy)
+    inst = get_instance(instance_type)
+    _positive_int("batch_size", batch_size)
+    _positive_int("instance_count", instance_count)
+    procs = inst.gpus if procs_per_instance is None else procs_per_instance
+    _positive_int("procs_per_instance", procs)
+    if not 0 <= overlap <= 1:
+        raise WorkshopError(f"overlap must be in [0, 1], got {overlap}.", "use 0 (none) to 1 (all).")
+    world = procs * instance_count
+    if world % tensor_parallel:
+        raise WorkshopError(f"tensor_parallel={tensor_parallel} does not divide the {world} processes.",
+                            "choose a degree that divides the GPUs per instance.")
+    dp = world // tensor_parallel
+    # Time-sharing: more processes than devices on an instance (CPU hosts) slow each one down.
+    share = max(1.0, procs / inst.gpus)
+    # Tensor parallelism splits each sample's FLOPs over its `tensor_parallel` GPUs.
+    compute = batch_size * compute_s_per_sample(model, inst, mfu) * share / tensor_parallel
+    grad_bytes = model.params / tensor_parallel * (comm_dtype_bytes or precision.grad_bytes)
+    nodes, g = instance_count, procs // tensor_parallel if procs >= tensor_parallel else 1
+    if strategy == PS:
+        # One server per instance (lab 1's layout); every instance's link serves both roles.
+        workers = world if instance_count > 1 else max(1, world)
+        link = inst.network_Bps / procs if instance_count > 1 else inst.intra_Bps
+        server_link = inst.network_Bps if instance_count > 1 else inst.intra_Bps
+        comm = parameter_server_s(grad_bytes, workers, instance_count, link, server_link,
+                                  inst.alpha_s if instance_count > 1 else inst.intra_alpha_s)
+        sent = 2 * grad_bytes
+    else:
+        volume = 1.5 if strategy == FULL else 1.0  # ZeRO section 7: 3 half-all-reduces vs 2
+        comm = volume * allreduce_s(grad_bytes, inst, max(1, g), nodes, algorithm) if dp > 1 else 0.0
+        sent = volume * 2 * (dp - 1) / dp * grad_bytes if dp > 1 else 0.0
+    if offload:
+        # Gradients down to the host, updated weights back up, over PCIe, per GPU's shard.
+        shard = model.params / tensor_parallel / (dp if strategy != DDP else 1)
+        comm += shard * (precision.grad_bytes + precision.param_bytes) / (inst.pcie_GBps * GB)
+    exposed = max(0.0, comm - overlap * compute * 2 / 3)
+    return Step(compute, comm, exposed, sent)
+
+
+# --------------------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class Row:
+    strategy: str
+    offload: bool
+    memory: Memory
+    fits: bool
+    step: Step
+    samples_per_sec: float
+    efficiency: float  # samples/s / (GPUs x samples/s of one GPU with no communication)
+    epoch_s: float | None
+    cost_per_epoch_usd: float | None
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.strategy] + (" + offload" if self.offload else "")
+
+
+@dataclass
+class Plan:
+    model: Model
+    instance: InstanceType
+    batch_size: int
+    instance_count: int
+    procs_per_instance: int
+    precision: Precision
+    rows: list[Row] = field(default_factory=list)
+    usable_fraction: float = 0.9
+
+    @property
+    def world_size(self) -> int:
+        return self.instance_count * self.procs_per_instance
+
+    def row(self, strategy: str, offload: bool = False) -> Row:
+        for r in self.rows:
+            if r.strategy == strategy and r.offload == offload:
+                return r
+        raise WorkshopError(f"No row for {strategy!r} (offload={offload}) in this plan.",
+                            f"use one of {', '.join(sorted({r.strategy for r in self.rows}))}.")
+
+    def table(self) -> str:
+        """A markdown table of every strategy."""
+        cap = self.instance.gpu_memory_gb * self.usable_fraction
+        head = (
+            f"{self.model.name}: {self.model.params / 1e9:.3g}B params, {self.precision.name}; "
+            f"{self.instance_count} x {self.instance.name} ({self.world_size} GPUs, "
+            f"{self.instance.gpu_memory_gb:g} GB each, {cap:.0f} GB usable), batch {self.batch_size} per GPU\n\n"
+            "| strategy | GB per GPU | fits | host GB per GPU | step s | comm s | samples/s | "
+            "efficiency | $ per epoch |\n|---|---:|:-:|---:|---:|---:|---:|---:|---:|"
+        )
+        body = []
+        for r in self.rows:
+            cost = "-" if r.cost_per_epoch_usd is None else f"{r.cost_per_epoch_usd:,.2f}"
+            body.append(
+                f"| {r.label} | {r.memory.total / GB:,.1f} | {'yes' if r.fits else 'no'} "
+                f"| {r.memory.host / GB:,.1f} | {r.step.total_s:.3g} | {r.step.exposed_comm_s:.3g} "
+                f"| {r.samples_per_sec:,.1f} | {r.efficiency:.2f} | {cost} |"
+            )
+        return "\n".join([head, *body])
+
+
+def plan(
+    model: Model, instance_type: str | InstanceType, batch_size: int, instance_count: int = 1,
+    procs_per_instance: int | None = None, precision: Precision = MIXED_ADAM,
+    dataset_samples: int | None = None, tensor_parallel: int = 1, mfu: float = 0.4,
+    overlap: float = 0.0, algorithm: str = "hierarchical", usable_fraction: float = 0.9,
+    strategies: tuple[str, ...] = STRATEGIES,
+) -> Plan:
+    """Memory, step time, efficiency and cost of every strategy, with and without offload."""
+    inst = get_instance(instance_type)
+    _positive_int("batch_size", batch_size)
+    _positive_int("instance_count", instance_count)
+    procs = inst.gpus if procs_per_instance is None else procs_per_instance
+    _positive_int("procs_per_instance", procs)
+    if dataset_samples is not None:
+        _positive_int("dataset_samples", dataset_samples)
+    if not 0 < usable_fraction <= 1:
+        raise WorkshopError(f"usable_fraction must be in (0, 1], got {usable_fraction}.",
+                            "use e.g. 0.9: leave 10% for the framework and fragmentation.")
+    world = procs * instance_count
+    if world % tensor_parallel:
+        raise WorkshopError(f"tensor_parallel={tensor_parallel} does not divide the {world} processes.",
+                            "choose a degree that divides the GPUs per instance.")
+    dp = world // tensor_parallel
+    result = Plan(model, inst, batch_size, instance_count, procs, precision, usable_fraction=usable_fraction)
+    one = step_time(model, inst, DDP, batch_size, 1, 1, precision, mfu=mfu)
+    per_gpu_alone = batch_size / one.compute_s
+    cap = inst.gpu_memory_gb * GB * usable_fraction
+    for strategy in strategies:
+        if strategy == PS and instance_count < 2:
+            continue  # lab 1's layout needs a coordinator instance and worker instances
+        for offload in (False, True):
+            if strategy == PS and offload:
+                continue
+            mem = memory_per_gpu(model, strategy, batch_size, dp, precision, offload, tensor_parallel)
+            st = step_time(model, inst, strategy, batch_size, instance_count, procs, precision,
+                           offload, tensor_parallel, mfu, overlap, algorithm)
+            sps = dp * batch_size / st.total_s
+            eff = sps / (world * per_gpu_alone)
+            epoch = dataset_samples / sps if dataset_samples else None
+            cost = (epoch / 3600 * instance_count * inst.usd_per_hour
+                    if epoch is not None and inst.usd_per_hour is not None else None)
+            result.rows.append(Row(strategy, offload, mem, mem.total <= cap, st, sps, eff, epoch, cost))
+    return result
+
+
+# --------------------------------------------------------------------------- recommendation
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    strategy: str
+    offload: bool
+    instance_count: int
+    procs_per_instance: int
+    reason: str
+    plan: Plan
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.strategy] + (" + offload" if self.offload else "")
+
+
+def recommend(
+    model: Model, instance_type: str | InstanceType, batch_size: int,
+    instance_count: int | None = None, gpus: int | None = None, **kwargs,
+) -> Recommendation:
+    """The seed material's rule: fill one instance first; data parallel if the model fits in
+    one GPU; otherwise shard, the lightest sharding that fits; offload only if none does.
+
+    `gpus`: how many GPUs the job wants (default: one full instance); they fill instances in
+    order. `instance_count`: instead of `gpus`, use this many full instances.
+    """
+    inst = get_instance(instance_type)
+    _positive_int("batch_size", batch_size)
+    if instance_count is not None and gpus is not None:
+        raise WorkshopError("Give either instance_count or gpus, not both.",
+                            "gpus=N fills instances in order; instance_count=N uses N full instances.")
+    if gpus is not None:
+        _positive_int("gpus", gpus)
+        count = math.ceil(gpus / inst.gpus)
+        procs = inst.gpus if count > 1 else gpus  # fill one instance first
+    else:
+        count = 1 if instance_count is None else instance_count
+        _positive_int("instance_count", count)
+        procs = inst.gpus
+    strategies = tuple(s for s in STRATEGIES if s != PS)
+    p = plan(model, inst, batch_size, count, procs, strategies=strategies, **kwargs)
+    cap = inst.gpu_memory_gb * p.usable_fraction
+    ddp = p.row(DDP)
+    where = f"{count} x {inst.name}, {procs} GPU(s) per instance"
+    if ddp.fits:
+        return Recommendation(
+            DDP, False, count, procs,
+            f"The model with its optimizer state and a batch of {batch_size} needs "
+            f"{ddp.memory.total / GB:.1f} GB per GPU, within the {cap:.0f} GB usable of one "
+            f"{inst.gpu_memory_gb:g} GB GPU: plain data parallel (DDP), no sharding needed ({where}). "
+            + ("One instance is filled before any second one is added." if procs == inst.gpus or count == 1 else ""),
+            p,
+        )
+    for offload in (False, True):
+        for strategy in SHARDING_ORDER:
+            row = p.row(strategy, offload)
+            if row.fits:
+                return Recommendation(
+                    strategy, offload, count, procs,
+                    f"DDP needs {ddp.memory.total / GB:.1f} GB per GPU, more than the {cap:.0f} GB "
+                    f"usable; {row.label} is the lightest sharding that fits: "
+                    f"{row.memory.total / GB:.1f} GB per GPU over {p.world_size} GPUs ({where})"
+                    + (f", with {row.memory.host / GB:.1f} GB per GPU in host memory." if offload else "."),
+                    p,
+                )
+    full = p.row(FULL, True)
+    need = math.ceil(model.params * p.precision.total / (cap * GB - full.memory.activations)
+                     / inst.gpus) if cap * GB > full.memory.activations else None
+    raise WorkshopError(
+        f"Nothing fits on {where}: even full sharding needs "
+        f"{p.row(FULL).memory.total / GB:.1f} GB per GPU (activations "
+        f"{full.memory.activations / GB:.1f} GB of it) against {cap:.0f} GB usable.",
+        (f"use about {need} or more instances, " if need else "")
+        + "a smaller batch_size (or activation checkpointing to shrink activations), "
+        "or an instance type with more GPU memory.",
+    )
+
+
+def with_compute(model: Model, compute_s_per_sample: float) -> Model:
+    """The same model with a measured compute time per sample (e.g. from a benchmark)."""
+    return replace(model, compute_s_per_sample=compute_s_per_sample)

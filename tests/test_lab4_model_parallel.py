@@ -175,3 +175,17 @@ def test_sagemaker_plain_fsdp_request(corpus):
 def test_sagemaker_bad_input(corpus, kwargs, message):
     with pytest.raises(WorkshopError, match=message):
         run_on_sagemaker(hosts=2, data_dir=corpus.root, dry_run=True, region="us-east-1", **kwargs)
+
+
+def test_cli_dry_run_uses_the_corpus_and_the_smp_image(monkeypatch, tmp_path, capsys):
+    from conftest import isolate_aws
+
+    from workshop.__main__ import main as cli_main
+
+    isolate_aws(monkeypatch, tmp_path, "Alice Example")
+    code = cli_main(["run", "4_model_parallel", "--mode", "sagemaker", "--dry-run",
+                     "--data-dir", str(tmp_path / "corpus")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "smdistributed-modelparallel:2.5.1-gpu-py311-cu124" in out
+    assert (tmp_path / "corpus" / "train").is_dir()  # the text corpus, not MNIST

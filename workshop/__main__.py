@@ -98,6 +98,14 @@ def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
         return run_local(
             lab, hosts=args.hosts, procs_per_host=args.procs_per_host, hyperparameters=hps, data_dir=args.data_dir
         )
+    if lab.key == "model_parallel":  # its data is a text corpus, and it has two routes (SMP, FSDP)
+        from workshop.model_parallel import run_on_sagemaker
+
+        return run_on_sagemaker(
+            route="smp", hosts=args.hosts or lab.sagemaker.instance_count, hyperparameters=hps,
+            instance_type=args.instance_type, dry_run=args.dry_run, role=args.role, region=args.region,
+            network=False if args.network == "none" else args.network, data_dir=args.data_dir,
+        )
     from workshop.runner import DEFAULT_DATA_DIR
     from workshop.sagemaker_jobs import run_lab_on_sagemaker
 

@@ -283,6 +283,7 @@ def test_build_and_submit(lab: Lab, fake_aws: FakeAws, monkeypatch: pytest.Monke
         lab,
         hyperparameters={"epochs": 3},
         role=fake_aws.role_arn,
+        instance_type="ml.g5.12xlarge",  # 4 GPUs: room for 2 ranks per host
         instance_count=2,
         procs_per_host=2,
         region=REGION,
@@ -308,7 +309,7 @@ def test_build_and_submit(lab: Lab, fake_aws: FakeAws, monkeypatch: pytest.Monke
     # What SageMaker (moto) recorded.
     described = fake_aws.boto.client("sagemaker").describe_training_job(TrainingJobName=result.job_name)
     assert described["AlgorithmSpecification"]["TrainingImage"] == GPU_IMAGE
-    assert described["ResourceConfig"]["InstanceType"] == "ml.g5.xlarge"
+    assert described["ResourceConfig"]["InstanceType"] == "ml.g5.12xlarge"
     assert described["ResourceConfig"]["InstanceCount"] == 2
     assert described["StoppingCondition"]["MaxRuntimeInSeconds"] == 1800
     assert described["CheckpointConfig"]["LocalPath"] == "/opt/ml/checkpoints"
@@ -489,6 +490,7 @@ def test_invalid_jobs_create_nothing(
     [
         ({"instance_count": 0}, "The instance count must be"),
         ({"procs_per_host": 0}, "Processes per host must be"),
+        ({"procs_per_host": 2}, "2 processes per host do not fit ml.g5.xlarge, which has 1 GPU"),
         ({"max_run_s": 0}, "max_run_s must be"),
         ({"max_run_s": 30 * 24 * 3600}, "max_run_s must be"),
         ({"instance_type": "g5.xlarge"}, "Not a SageMaker training instance type"),
@@ -506,7 +508,7 @@ def test_plan_picks_cpu_or_gpu_image_and_world_size(lab: Lab) -> None:
     assert cpu.image_uri.endswith("pytorch-training:2.9-cpu-py312") and cpu.world_size == 3
     gpu = sj.plan_job(lab, hyperparameters={"backend": "smddp"}, region=REGION, instance_type="ml.p4d.24xlarge")
     assert gpu.image_uri == SMDDP_IMAGE and gpu.procs_per_host is None and gpu.world_size == 2 * 8
-    assert sj.plan_job(lab, hyperparameters={}, region=REGION, procs_per_host=4).world_size == 8
+    assert sj.plan_job(lab, hyperparameters={}, region=REGION, instance_type="ml.g5.12xlarge", procs_per_host=4).world_size == 8
 
 
 def test_other_launchers_are_not_built_yet(tmp_path: Path) -> None:

@@ -233,3 +233,44 @@ def test_catalogue_entries_cite_sources_and_reuse_the_infra_prices():
             assert inst.usd_per_hour is None
     assert planner.get_instance("p4d.24xlarge").name == "ml.p4d.24xlarge"
     assert math.isinf(planner.local_instance(2, 1e-4, 1e9).gpu_memory_gb)
+
+
+# --------------------------------------------------------------------------- transformer models
+
+
+def test_transformer_parameters_match_the_published_model_sizes():
+    gpt2 = planner.transformer("GPT-2 small", layers=12, d_model=768, heads=12, seq_len=1024, vocab=50257)
+    gpt3 = planner.transformer("GPT-3", layers=96, d_model=12288, heads=96, seq_len=2048, vocab=50257)
+    assert gpt2.params == pytest.approx(124.4e6, rel=0.005)  # "124M" (GPT-2 small, tied output layer)
+    assert gpt3.params == pytest.approx(175e9, rel=0.01)  # "175B" (Brown et al. 2020, table 2.1)
+
+
+def test_transformer_flops_are_about_six_n_per_token_and_checkpointing_adds_a_forward():
+    gpt3 = planner.transformer("GPT-3", layers=96, d_model=12288, heads=96, seq_len=2048, vocab=50257)
+    ckpt = planner.transformer("GPT-3", layers=96, d_model=12288, heads=96, seq_len=2048, vocab=50257,
+                               activation_checkpointing=True)
+    six_n = 6 * gpt3.params * 2048
+    assert six_n < gpt3.flops_per_sample < 1.05 * six_n  # attention adds s/(6h) = 2.8% here
+    assert ckpt.flops_per_sample / gpt3.flops_per_sample == pytest.approx(4 / 3, rel=0.01)
+
+
+def test_transformer_activations_follow_korthikanti_and_shrink_with_checkpointing():
+    # Korthikanti et al. 2022, eq. 1: s*b*h*(34 + 5*a*s/h) bytes per layer; GPT-3: 114 s h per layer.
+    gpt3 = planner.transformer("GPT-3", layers=96, d_model=12288, heads=96, seq_len=2048, vocab=50257)
+    assert gpt3.activation_bytes_per_sample == 2048 * 12288 * (34 + 80) * 96
+    flash = planner.transformer("GPT-3", 96, 12288, 96, 2048, 50257, stores_attention_scores=False)
+    assert flash.activation_bytes_per_sample == 2048 * 12288 * 34 * 96
+    ckpt = planner.transformer("GPT-3", 96, 12288, 96, 2048, 50257, activation_checkpointing=True)
+    assert ckpt.activation_bytes_per_sample == 2 * 2048 * 12288 * 96
+
+
+def test_transformer_counts_lab4s_model_exactly():
+    # Lab 4's byte-level GPT (2 layers, d=64, 4 heads, seq 32, 256 byte values, untied output
+    # layer): 134,912 parameters, the param_bytes / 4 its runs print summed over the shards.
+    lab4 = planner.transformer("lab 4", layers=2, d_model=64, heads=4, seq_len=32, vocab=256, tied_embeddings=False)
+    assert lab4.params == 134_912
+
+
+def test_transformer_rejects_heads_that_do_not_divide_the_width():
+    with pytest.raises(WorkshopError, match="not divisible"):
+        planner.transformer("bad", layers=2, d_model=64, heads=5, seq_len=32, vocab=256)

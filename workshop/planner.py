@@ -266,6 +266,42 @@ class Model:
                                     "leave it None or give a positive number.")
 
 
+def transformer(
+    name: str, layers: int, d_model: int, heads: int, seq_len: int, vocab: int,
+    activation_checkpointing: bool = False, stores_attention_scores: bool = True,
+    tied_embeddings: bool = True,
+) -> Model:
+    """A GPT-style decoder as the planner sees it, from the published formulas.
+
+    - parameters: 12 L h^2 + 13 L h (attention and MLP weights and biases, two layer norms)
+      + (V + s) h (token and position embeddings) + 2h (final layer norm), + V h more when the
+      output layer is not tied to the token embedding (lab 4's model);
+    - training FLOPs per sequence (Narayanan et al., "Efficient Large-Scale Language Model
+      Training on GPU Clusters Using Megatron-LM", SC'21, https://arxiv.org/abs/2104.04473,
+      equation 3 without recomputation): 72 s L h^2 (1 + s/(6h)) + 6 s h V; with activation
+      checkpointing the layers' forward runs twice: 96 s L h^2 (1 + s/(6h)) + 6 s h V;
+    - activation bytes kept per sequence (Korthikanti et al., "Reducing Activation
+      Recomputation in Large Transformer Models", https://arxiv.org/abs/2205.05198, equation 1,
+      16-bit activations): s h (34 + 5 a s / h) per layer; without the attention scores (fused
+      / flash attention) s h 34; with full checkpointing only each layer's input, 2 s h.
+    """
+    for label, value in (("layers", layers), ("d_model", d_model), ("heads", heads),
+                         ("seq_len", seq_len), ("vocab", vocab)):
+        _positive_int(label, value)
+    if d_model % heads:
+        raise WorkshopError(f"d_model={d_model} is not divisible by heads={heads}.",
+                            "each head gets d_model / heads dimensions: choose a divisor.")
+    L, h, a, s, V = layers, d_model, heads, seq_len, vocab
+    params = 12 * L * h * h + 13 * L * h + (V + s) * h + 2 * h + (0 if tied_embeddings else V * h)
+    layer_flops = (96 if activation_checkpointing else 72) * s * L * h * h * (1 + s / (6 * h))
+    flops = layer_flops + 6 * s * h * V
+    if activation_checkpointing:
+        acts = 2 * s * h * L
+    else:
+        acts = s * h * (34 + (5 * a * s / h if stores_attention_scores else 0)) * L
+    return Model(name, params=params, activation_bytes_per_sample=acts, flops_per_sample=flops)
+
+
 # --------------------------------------------------------------------------- strategies
 
 DDP, ZERO1, ZERO2, FULL, PS = "ddp", "zero1", "zero2", "full_shard", "parameter_server"

@@ -32,8 +32,12 @@ Measured per run:
 - loopback bytes per rank-step: the kernel's `lo` byte counters (`workshop.netcounters`) over
   the whole run, less the background rate measured just before the round, divided by the steps
   all ranks took (start-up, evaluation and checkpoints included, so slightly high). Expected,
-  for K gradient bytes: ring all-reduce 2(N-1)/N K per rank-step, FSDP 3(N-1)/N K (all-gather
-  in forward and backward, reduce-scatter), parameter server 2K (pull weights, push gradients).
+  for K gradient bytes: ring all-reduce 2(N-1)/N K per rank-step; FSDP (N-1)/N K for each
+  all-gather of the weights (forward, and again in backward) plus the reduce-scatter of the
+  gradients, which NCCL does in (N-1)/N K (3(N-1)/N K in all, the planner's figure) but gloo
+  does as a whole all-reduce, 2(N-1)/N K (measured: 64 MiB on 2 ranks put 128.2 MiB on loopback
+  for reduce_scatter_tensor and for all_reduce, 64.7 MiB for all_gather_into_tensor), so
+  4(N-1)/N K here; parameter server 2K (pull the weights, push the gradients).
 
 It also measures gloo all-reduce times for N = 2, 4 (benchmarks/bench_allreduce.py's code, up
 to 16 MiB) and feeds the alpha-beta fit and the measured 1-process compute time to
@@ -42,7 +46,7 @@ to 16 MiB) and feeds the alpha-beta fit and the measured 1-process compute time 
 The machine is shared: the load average before/after and the CPU other processes used
 during each run are recorded. Only ratios within one run mean anything. Output: a table on
 stdout, `bench_strategies.csv`, `bench_strategies.md` and `bench_strategies.png` in --out-dir.
-A few minutes on 2 cores (about 5 with the defaults).
+About 11 minutes on 2 cores with the defaults (3 interleaved repeats of each PyTorch run).
 """
 
 from __future__ import annotations
@@ -96,6 +100,27 @@ class Run:
     load_after: str
     note: str = ""
     extra: dict = field(default_factory=dict)
+    repeats: int = 1
+    step_min_s: float | None = None  # over the repeats
+    step_max_s: float | None = None
+
+
+def median_run(runs: list[Run]) -> Run:
+    """One Run for a (strategy, N) measured several times: the median samples/s (and the step
+    time that goes with it), the median loopback bytes, the range of step times."""
+    if len(runs) == 1:
+        return runs[0]
+    sps = statistics.median(r.samples_per_sec for r in runs)
+    first = runs[0]
+    per_step = [r.loopback_bytes / r.rank_steps for r in runs if r.loopback_bytes is not None]
+    others = [r.other_load_cores for r in runs if r.other_load_cores is not None]
+    return Run(
+        first.strategy, first.procs, sps, first.step_s * first.samples_per_sec / sps,  # N x batch / samples/s
+        first.rank_steps, statistics.median(r.wall_s for r in runs),
+        statistics.median(per_step) * first.rank_steps if per_step else None,
+        max(others) if others else None, first.load_before, runs[-1].load_after, first.note, first.extra,
+        repeats=len(runs), step_min_s=min(r.step_s for r in runs), step_max_s=max(r.step_s for r in runs),
+    )
 
 
 def _free_port() -> int:
@@ -329,7 +354,7 @@ def expected_bytes(strategy: str, n: int, grad_bytes: float) -> float:
         return 2 * grad_bytes  # pull the weights, push the gradient, per worker step
     if n == 1:
         return 0.0
-    volume = 3 if strategy == FSDP else 2
+    volume = 4 if strategy == FSDP else 2  # gloo's reduce-scatter moves a whole all-reduce's bytes
     return volume * (n - 1) / n * grad_bytes
 
 
@@ -382,8 +407,14 @@ def analyse(runs: list[Run], fits: dict[int, dict], n_params: int, batch: int, c
     return rows
 
 
+def _range(r: Run) -> str:
+    if r.repeats < 2:
+        return ""
+    return f" ({r.step_min_s * 1e3:.0f}-{r.step_max_s * 1e3:.0f}, {r.repeats} runs)"
+
+
 def markdown(rows: list[Row]) -> str:
-    head = ("| strategy | processes | samples/s | scaling efficiency | step ms/rank | compute ms | "
+    head = ("| strategy | processes | samples/s | scaling efficiency | step ms/rank (range) | compute ms | "
             "communication ms (share) | loopback MB per rank-step | expected MB | planner step ms (error) |\n"
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     body = []
@@ -395,7 +426,7 @@ def markdown(rows: list[Row]) -> str:
             f"{w.predicted_s * 1e3:.1f} ({(w.predicted_s - r.step_s) / r.step_s * 100:+.0f}%)")
         body.append(
             f"| {LABELS[w.strategy]} | {w.procs} | {r.samples_per_sec:,.0f} | {w.efficiency:.2f} "
-            f"| {r.step_s * 1e3:.1f} | {w.compute_s * 1e3:.1f} | {w.comm_s * 1e3:.1f} ({share:.0%}) "
+            f"| {r.step_s * 1e3:.1f}{_range(r)} | {w.compute_s * 1e3:.1f} | {w.comm_s * 1e3:.1f} ({share:.0%}) "
             f"| {got} | {w.expected_bytes / 1e6:.2f} | {pred} |"
         )
     return "\n".join([head, *body])
@@ -444,7 +475,7 @@ def plot(rows: list[Row], out: Path, title: str) -> None:
     ax3.bar([x - 0.2 for x in xs], measured, width=0.4, color=[COLORS[w.strategy] for w in rows],
             label="measured (loopback counters)")
     ax3.bar([x + 0.2 for x in xs], [w.expected_bytes / 1e6 for w in rows], width=0.4, color="white",
-            edgecolor="black", label="expected (ring 2(N-1)/N K, FSDP 3(N-1)/N K, PS 2K)")
+            edgecolor="black", label="expected (ring 2(N-1)/N K, FSDP on gloo 4(N-1)/N K, PS 2K)")
     ax3.set_xticks(list(xs), labels, fontsize=7)
     ax3.set_ylabel("MB per rank-step")
     ax3.set_title("Bytes over loopback per step")
@@ -463,6 +494,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=3, help="epochs per PyTorch run (the first is warm-up)")
     p.add_argument("--ps-steps-per-worker", type=int, default=20,
                    help="parameter server: steps per worker per logging interval (3 intervals)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs of each PyTorch strategy (and of its compute-only run) per process count, "
+                        "interleaved; the table shows the median and the range")
+    p.add_argument("--ps-repeats", type=int, default=1,
+                   help="runs of the parameter server per process count (each starts 2N+2 TensorFlow "
+                        "processes: ~30 s; its gap to the all-reduce strategies dwarfs the spread)")
     p.add_argument("--batch-size", type=int, default=64, help="per-rank batch, every strategy")
     p.add_argument("--data-dir", type=Path, default=REPO_ROOT / "data" / "mnist", help="MNIST channels")
     p.add_argument("--no-netns", action="store_true",
@@ -473,6 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("--procs must include 1: scaling efficiency is against each strategy's own 1-process run")
     if args.epochs < 2 or args.batch_size < 1 or args.ps_steps_per_worker < 1:
         sys.exit("--epochs must be at least 2 (the first is warm-up); batch and steps at least 1")
+    if args.repeats < 1 or args.ps_repeats < 1:
+        sys.exit("--repeats and --ps-repeats must be at least 1")
     started = time.perf_counter()
     machine = describe_machine()
     load_before = load_average()
@@ -505,13 +544,20 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.procs:  # one round per process count: its runs side by side in time
             bench.measure_background()
             print(f"Round N={n} (background loopback {bench.background_Bps / 1e3:.0f} kB/s):", flush=True)
-            if any(s != PS for s in args.strategies):
-                runs.append(bench.compute_torch(n))
-            if PS in args.strategies:
-                runs.append(bench.compute_tf(n))
-            for s in args.strategies:
-                runs.append(getattr(bench, s)(n))
-    rows = analyse(runs, fits, n_params, args.batch_size, cores)
+            for r in range(max(args.repeats, args.ps_repeats)):  # interleaved: drifts hit every strategy
+                torch_now = r < args.repeats
+                ps_now = r < args.ps_repeats and PS in args.strategies
+                if torch_now and any(s != PS for s in args.strategies):
+                    runs.append(bench.compute_torch(n))
+                if ps_now:
+                    runs.append(bench.compute_tf(n))
+                for s in args.strategies:
+                    if (ps_now if s == PS else torch_now):
+                        runs.append(getattr(bench, s)(n))
+    grouped: dict[tuple[str, int], list[Run]] = {}
+    for run in runs:
+        grouped.setdefault((run.strategy, run.procs), []).append(run)
+    rows = analyse([median_run(g) for g in grouped.values()], fits, n_params, args.batch_size, cores)
     load_after = load_average()
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -519,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         w = csv.writer(f)
         w.writerow(["strategy", "processes", "samples_per_sec", "scaling_efficiency", "step_s_per_rank",
                     "compute_s", "comm_s", "loopback_bytes_per_rank_step", "expected_bytes_per_rank_step",
-                    "planner_step_s", "planner_step_s_from_1proc_compute", "wall_s", "other_load_cores", "loadavg_before", "loadavg_after",
+                    "planner_step_s", "planner_step_s_from_1proc_compute", "repeats", "step_s_min", "step_s_max", "wall_s", "other_load_cores", "loadavg_before", "loadavg_after",
                     "note", "date", "cpu", "cores"])
         for row in rows:
             r = row.run
@@ -528,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
                         "" if row.bytes_per_step is None else f"{row.bytes_per_step:.0f}",
                         f"{row.expected_bytes:.0f}",
                         "" if row.predicted_s is None else f"{row.predicted_s:.5f}",
-                        "" if row.predicted_from1_s is None else f"{row.predicted_from1_s:.5f}", f"{r.wall_s:.1f}",
+                        "" if row.predicted_from1_s is None else f"{row.predicted_from1_s:.5f}", r.repeats,
+                        f"{r.step_min_s or r.step_s:.5f}", f"{r.step_max_s or r.step_s:.5f}", f"{r.wall_s:.1f}",
                         "" if r.other_load_cores is None else f"{r.other_load_cores:.2f}",
                         r.load_before, r.load_after, r.note, machine["date"], machine["cpu"], machine["cores"]])
     table = markdown(rows)
@@ -542,10 +589,13 @@ def main(argv: list[str] | None = None) -> int:
         "Scaling efficiency = samples/s(N) / (N x samples/s(1)) of the same strategy; on this "
         f"{cores}-core machine N > {cores} processes time-share the cores, so efficiency <= "
         f"{cores}/N is the ceiling there.",
+        f"Each PyTorch strategy and its compute-only run ran {args.repeats} times per process count, "
+        f"interleaved (the parameter server {args.ps_repeats}); the table shows the median and the range "
+        "of step times: short runs on a shared VM drift by 10-30% from one minute to the next.",
         "compute = step time of N processes training at once with no communication; "
         "communication = measured step time - compute (bytes, waiting, coordination).",
         "Planner: DDP/FSDP step time = compute measured at N (the no-communication run) + the "
-        f"ring alpha-beta model (FSDP: 1.5x) with this run's gloo fit ({fit_text}); no overlap "
+        f"ring alpha-beta model (FSDP: 1.5x, NCCL's volume) with this run's gloo fit ({fit_text}); no overlap "
         "assumed. The CSV also has the prediction from the 1-process compute time, time-shared "
         f"over {cores} cores (blind to other load).",
     ]

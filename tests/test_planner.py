@@ -274,3 +274,47 @@ def test_transformer_counts_lab4s_model_exactly():
 def test_transformer_rejects_heads_that_do_not_divide_the_width():
     with pytest.raises(WorkshopError, match="not divisible"):
         planner.transformer("bad", layers=2, d_model=64, heads=5, seq_len=32, vocab=256)
+
+
+# --------------------------------------------------------------------------- sources and published figures
+
+
+def test_catalogue_gpu_counts_and_memory_agree_with_the_sagemaker_sdks_own_table():
+    # The SDK ships a table of GPUs per training instance (sagemaker/core/instance_types_gpu_info);
+    # the catalogue's vendor figures ("40 GB" per A100) must say the same.
+    from sagemaker.core import instance_types_gpu_info
+
+    table = instance_types_gpu_info.retrieve("us-east-1")
+    checked = []
+    for name, inst in planner.CATALOGUE.items():
+        info = table.get(name)
+        if info is None:
+            continue
+        assert inst.gpus == info["Count"], name
+        assert inst.gpu_memory_gb == pytest.approx(info["TotalGpuMemoryInMiB"] / info["Count"] / 1024), name
+        checked.append(name)
+    assert len(checked) >= 7, checked  # all but ml.g5.xlarge, which the SDK's table lacks
+
+
+def test_the_published_smp_throughput_lies_inside_the_planners_spread():
+    import sys
+
+    sys.path.insert(0, str(planner_validation_dir()))
+    import planner_validation as pv
+
+    grid = pv.smp_grid()
+    predicted = [r["sps"] for r in grid]
+    assert min(predicted) < pv.SMP_PUBLISHED < max(predicted), predicted
+    assert all(r["fits"] for r in grid)  # 175B fits 40 GB GPUs only because it is sharded 960 ways
+    assert 0.25 < pv.implied_mfu() < 0.40  # 32 samples/s is about 31% of the A100s' peak
+    rows = pv.smddp_bounds()
+    assert [r["nodes"] for r in rows] == [2, 4, 8]
+    for r in rows:
+        assert 0 < r["efficiency"] <= 1 and r["ceiling"] == pytest.approx(1 / r["efficiency"] - 1)
+        assert 0 < r["implied_gbps"] <= 100
+
+
+def planner_validation_dir():
+    from workshop import REPO_ROOT
+
+    return REPO_ROOT / "benchmarks"

@@ -4,7 +4,7 @@
 #   make test       set up, then run every test (lint, unit, notebooks)     (what CI runs)
 #   make lab        set up, register the Jupyter kernel, start JupyterLab
 #   make bench      set up, then run the benchmarks (prints tables, writes images/)
-#   make bench-strategies  set up, then PS vs Horovod vs DDP vs FSDP side by side (minutes)
+#   make bench-strategies  set up, then PS vs Horovod vs DDP vs FSDP side by side (about 12 minutes)
 #   make bench-allreduce   set up, then the gloo all-reduce microbenchmark (about a minute)
 #   make horovod    set up (which builds Horovod), then check the build: horovodrun --check-build and
 #                   a 2-rank all-reduce per framework
@@ -51,6 +51,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_data_parallel.py
 	$(BIN)/python benchmarks/bench_allreduce.py
 	$(BIN)/python benchmarks/bench_strategies.py
+	$(BIN)/python benchmarks/planner_validation.py --out images/planner_validation.md
 
 bench-allreduce: setup
 	$(BIN)/python benchmarks/bench_allreduce.py

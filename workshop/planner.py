@@ -14,10 +14,10 @@ first; plain data parallel (DDP) if the model fits in one GPU; otherwise shard, 
 lightest sharding that fits (optimizer state, then gradients too, then everything, then offload).
 
     from workshop import planner
-    m = planner.Model("gpt2-xl", params=1.5e9, activation_bytes_per_sample=1.2e9,
-                      flops_per_sample=6 * 1.5e9 * 1024)
+    m = planner.transformer("gpt2-xl", layers=48, d_model=1600, heads=25, seq_len=1024, vocab=50257,
+                            activation_checkpointing=True)   # or planner.Model(name, params, ...)
     print(planner.plan(m, "ml.p4d.24xlarge", batch_size=8, instance_count=2).table())
-    print(planner.recommend(m, "ml.g5.12xlarge", batch_size=8).reason)
+    print(planner.recommend(m, "ml.p4d.24xlarge", batch_size=8, gpus=16).reason)
 
 Pure Python, no framework imported. The formulas (each with its source):
 

@@ -1,0 +1,66 @@
+"""The benchmark commands run end to end, small: what they write and the bytes they count.
+
+The real runs (`make bench`, minutes) are not timed here; these check that each command works on
+a fresh machine and that its byte accounting still matches the formulas it reports against.
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workshop import REPO_ROOT
+
+BENCH = REPO_ROOT / "benchmarks"
+SCRIPTS = ["bench_data_parallel.py", "bench_allreduce.py", "bench_strategies.py", "planner_validation.py"]
+
+
+def run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH / script), *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_benchmark_documents_its_options(script: str) -> None:
+    proc = run(script, "--help", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--out" in proc.stdout
+
+
+def test_planner_validation_writes_its_report(tmp_path: Path) -> None:
+    out = tmp_path / "planner_validation.md"
+    proc = run("planner_validation.py", "--out", str(out), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert "published 32 samples/s" in text and "| 8 | 120 |" in text
+    assert text.count("| 2 |") >= 1 and "smddp" in text
+
+
+def test_allreduce_microbenchmark_counts_the_ring_volume(tmp_path: Path) -> None:
+    proc = run("bench_allreduce.py", "--ranks", "2", "--max-mib", "1", "--out-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for name in ("bench_allreduce.csv", "bench_allreduce.md", "bench_allreduce.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    rows = list(csv.DictReader((tmp_path / "bench_allreduce.csv").open()))
+    assert {int(r["size_bytes"]) for r in rows} >= {4096, 1 << 20}, rows[0].keys()
+
+
+@pytest.mark.slow
+def test_side_by_side_benchmark_smoke_run(tmp_path: Path) -> None:
+    """DDP only, 1 and 2 processes, one repeat: the whole pipeline, and its byte count."""
+    proc = run("bench_strategies.py", "--strategies", "ddp", "--procs", "1", "2", "--epochs", "2",
+               "--repeats", "1", "--out-dir", str(tmp_path), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Planner vs measured, DDP N=2" in proc.stdout
+    rows = {int(r["processes"]): r for r in csv.DictReader((tmp_path / "bench_strategies.csv").open())}
+    assert set(rows) == {1, 2}
+    assert float(rows[2]["samples_per_sec"]) > 0 and float(rows[2]["planner_step_s"]) > 0
+    measured, expected = float(rows[2]["loopback_bytes_per_rank_step"]), float(rows[2]["expected_bytes_per_rank_step"])
+    # Ring all-reduce: 2(N-1)/N x 1.69 MB per rank-step; start-up, evaluation and headers add a little.
+    assert expected * 0.98 < measured < expected * 1.10, (measured, expected)
+    assert (tmp_path / "bench_strategies.png").stat().st_size > 0
+    assert "| DDP (lab 3) | 2 |" in (tmp_path / "bench_strategies.md").read_text()

@@ -28,6 +28,7 @@ metric definitions and the workshop's local log parser read.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -394,6 +395,11 @@ def main(argv=None) -> int:
         # DDP: leave in step. A gloo group destroyed while a peer is already gone aborts
         # that rank at exit (SIGABRT), which a launcher reports as a failed job.
         dist.barrier()
+        # DDP: the wrapper holds the process group too; release it first, so the group is
+        # torn down here and not during interpreter exit, where gloo's threads can abort the
+        # process ("terminate called without an active exception", about 1 run in 25).
+        del model, optimizer
+        gc.collect()
         dist.destroy_process_group()
     return 0
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
@@ -582,6 +583,11 @@ def main(argv=None) -> int:
     if distributed:
         # DIST: leave in step, so no rank tears the group down while a peer still needs it
         dist.barrier()
+        # DIST: the wrapped model and a sharded optimizer hold the process group too; release
+        # them first, so gloo is torn down here and not during interpreter exit (where its
+        # threads can abort the process: "terminate called without an active exception").
+        del model, optimizer
+        gc.collect()
         dist.destroy_process_group()
     return 0
 

@@ -12,7 +12,11 @@ The local cluster does the same with this wrapper, which changes exactly two thi
 2. The local cluster stops a host by signalling its process group. A SIGTERM that reaches
    only this process (the parent died and the kernel sent PR_SET_PDEATHSIG) is forwarded to
    the whole group, so the launcher the driver started (torchrun, mpirun) shuts its workers
-   down instead of being orphaned.
+   down instead of being orphaned. Launchers start their workers in sessions of their own, and
+   one signalled while it is still starting them may not know them yet (torchrun, between
+   starting its workers and recording them). When the local cluster itself died, so that
+   nobody else will sweep, the driver then waits a few seconds and kills whatever still
+   carries this run's marker variable.
 
 Everything else, including the command line the driver builds, is the SDK's own code.
 """
@@ -25,13 +29,37 @@ import signal
 import sys
 from pathlib import Path
 
+GRACE_S = 10.0
+_PARENT = os.getppid()  # the local cluster; if it is gone, nobody else will sweep this run
+
+
+def _sweep_run(grace_s: float = GRACE_S) -> None:
+    """After the launcher's own shutdown has had `grace_s`, SIGKILL every process of this run."""
+    import time
+
+    from workshop.local_cluster import MARKER, processes_with_marker
+
+    cluster_id = os.environ.get(MARKER)
+    if not cluster_id:
+        return
+    deadline = time.monotonic() + grace_s
+    while (left := processes_with_marker(cluster_id)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for proc in left:
+        try:
+            proc.kill()
+        except Exception:  # noqa: BLE001 - gone already, or not ours to kill
+            pass
+
 
 def _forward_sigterm(signum, frame):  # noqa: ARG001
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group signal below reaches us too
     try:
         os.killpg(os.getpgrp(), signal.SIGTERM)
+        if os.getppid() != _PARENT:  # the local cluster died (PR_SET_PDEATHSIG): sweep for it
+            _sweep_run()
     finally:
-        sys.exit(128 + signum)
+        os._exit(128 + signum)
 
 
 def main(argv: list[str]) -> None:

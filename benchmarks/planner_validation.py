@@ -85,7 +85,7 @@ def smddp_bounds(batch: int = 16, mfu: float = 0.4) -> list[dict]:
         eff = _ddp_efficiency(bert, inst, nodes, batch, mfu)
         target = 1 / (1 + published)  # DDP's efficiency can be at most this
         lo, hi = 0.01, inst.network_gbps
-        if _ddp_efficiency(bert, inst, nodes, batch, mfu) <= target:
+        if eff <= target:
             implied = inst.network_gbps
         else:
             for _ in range(60):

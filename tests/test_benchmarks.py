@@ -40,6 +40,22 @@ def test_planner_validation_writes_its_report(tmp_path: Path) -> None:
     assert text.count("| 2 |") >= 1 and "smddp" in text
 
 
+def test_the_published_smp_throughput_lies_inside_the_planners_spread() -> None:
+    sys.path.insert(0, str(BENCH))
+    import planner_validation as pv
+
+    grid = pv.smp_grid()
+    predicted = [r["sps"] for r in grid]
+    assert min(predicted) < pv.SMP_PUBLISHED < max(predicted), predicted
+    assert all(r["fits"] for r in grid)  # 175B fits 40 GB GPUs only because it is sharded 960 ways
+    assert 0.25 < pv.implied_mfu() < 0.40  # 32 samples/s is about 31% of the A100s' peak
+    rows = pv.smddp_bounds()
+    assert [r["nodes"] for r in rows] == [2, 4, 8]
+    for r in rows:
+        assert 0 < r["efficiency"] <= 1 and r["ceiling"] == pytest.approx(1 / r["efficiency"] - 1)
+        assert 0 < r["implied_gbps"] <= 100
+
+
 def test_allreduce_microbenchmark_counts_the_ring_volume(tmp_path: Path) -> None:
     proc = run("bench_allreduce.py", "--ranks", "2", "--max-mib", "1", "--out-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

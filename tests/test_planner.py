@@ -295,26 +295,3 @@ def test_catalogue_gpu_counts_and_memory_agree_with_the_sagemaker_sdks_own_table
         checked.append(name)
     assert len(checked) >= 7, checked  # all but ml.g5.xlarge, which the SDK's table lacks
 
-
-def test_the_published_smp_throughput_lies_inside_the_planners_spread():
-    import sys
-
-    sys.path.insert(0, str(planner_validation_dir()))
-    import planner_validation as pv
-
-    grid = pv.smp_grid()
-    predicted = [r["sps"] for r in grid]
-    assert min(predicted) < pv.SMP_PUBLISHED < max(predicted), predicted
-    assert all(r["fits"] for r in grid)  # 175B fits 40 GB GPUs only because it is sharded 960 ways
-    assert 0.25 < pv.implied_mfu() < 0.40  # 32 samples/s is about 31% of the A100s' peak
-    rows = pv.smddp_bounds()
-    assert [r["nodes"] for r in rows] == [2, 4, 8]
-    for r in rows:
-        assert 0 < r["efficiency"] <= 1 and r["ceiling"] == pytest.approx(1 / r["efficiency"] - 1)
-        assert 0 < r["implied_gbps"] <= 100
-
-
-def planner_validation_dir():
-    from workshop import REPO_ROOT
-
-    return REPO_ROOT / "benchmarks"

@@ -283,6 +283,8 @@ def _iam_client(denied: list[str], checks: list[tuple[tuple[str, ...], str | Non
         expected = {"PolicySourceArn": user, "ActionNames": list(names)}
         if resource:
             expected["ResourceArns"] = [resource]
+        if "iam:PassRole" in names:
+            expected["ContextEntries"] = infra.PASS_ROLE_CONTEXT
         stub.add_response("simulate_principal_policy", {"EvaluationResults": results, "IsTruncated": False}, expected)
     stub.activate()
     return client, user

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import getpass
+import hashlib
 import json
 import os
 import re
@@ -40,6 +41,9 @@ USER_ENV = "WORKSHOP_USER"
 NOTEBOOK_METADATA_FILE = "/opt/ml/metadata/resource-metadata.json"
 # Longest user prefix: job names are `<user>-<lab>-<14-digit timestamp>`, at most 63 chars.
 USER_PREFIX_MAX = 16
+# A longer name keeps its head and gets this many hex digits of its SHA-256 (24 bits: among a
+# hundred attendees whose names share a long head, the chance of any two colliding is 3 in 10,000).
+USER_HASH_CHARS = 6
 # Login names that say nothing about who is running (SageMaker notebook instances are all
 # `ec2-user`, Studio is `sagemaker-user`): on SageMaker, the resource name is used instead.
 _GENERIC_LOGINS = {"ec2-user", "sagemaker-user", "root", "jovyan", "ubuntu", "user", "admin"}
@@ -210,7 +214,9 @@ def user_prefix() -> str:
 
     `$WORKSHOP_USER` if set, else the login name; on SageMaker, where every attendee's login
     is the same (`ec2-user`, `sagemaker-user`), the Studio user profile or notebook instance
-    name instead. Job names, S3 prefixes and tags all start from it.
+    name instead. Job names, S3 prefixes and tags all start from it. At most 16 characters;
+    longer names end in a short hash of the whole name (`short_user_name`), so names sharing a
+    long prefix stay distinct.
     """
     raw = os.environ.get(USER_ENV, "").strip()
     if not raw:
@@ -218,7 +224,25 @@ def user_prefix() -> str:
         if raw.lower() in _GENERIC_LOGINS and on_sagemaker():
             metadata = _notebook_metadata()
             raw = metadata.get("UserProfileName") or metadata.get("ResourceName") or raw
-    return sanitize_name(raw, USER_PREFIX_MAX) or "user"
+    return short_user_name(sanitize_name(raw, 256)) or "user"
+
+
+def short_user_name(name: str, max_length: int = USER_PREFIX_MAX) -> str:
+    """`name` (already sanitized) if it fits in `max_length`; otherwise its first characters, '-',
+    and `USER_HASH_CHARS` hex digits of a hash of the whole name.
+
+    Cutting alone made `workshop-participant-01` and `-02` both `workshop-partici`: one role, one
+    VPC, one set of job tags and S3 prefixes for two people, so one attendee's cleanup deleted the
+    other's. With the hash they become `workshop-693775` and `workshop-88c5fd`: distinct, the
+    same on every run and machine, recognisably the person's name at the start (in job names, tags
+    and the console), and short enough that `<user>-<lab>-<timestamp>` job names fit in 63.
+    Names that fit are left as they are, so nobody's existing resources change name.
+    """
+    if len(name) <= max_length:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:USER_HASH_CHARS]
+    head = name[: max_length - USER_HASH_CHARS - 1].rstrip("-")
+    return f"{head}-{digest}" if head else digest
 
 
 def sdk_config() -> dict[str, Any]:
@@ -254,7 +278,8 @@ def sagemaker_session(session: Any = None, region: str | None = None) -> Session
 
 
 def default_bucket(session: Any = None) -> str:
-    """The SDK's default bucket, `sagemaker-<region>-<account>`, created if missing (free).
+    """The SDK's default bucket, `sagemaker-<region>-<account>` unless the SDK config names
+    another (`sdk_bucket`), created if missing (free).
 
     The same bucket `ModelTrainer` stages code and writes outputs to
     (`Session.default_bucket()`), so the workshop's data sits next to its jobs.
@@ -270,3 +295,56 @@ def default_bucket(session: Any = None) -> str:
             "allow s3:CreateBucket, s3:ListBucket, s3:GetBucketLocation on "
             "arn:aws:s3:::sagemaker-<region>-<account> for this user or role.",
         ) from None
+
+
+# Where SDK v3 puts a job's files (ModelTrainer: `s3://<bucket>/<prefix>/<base job name>/...`):
+# `Session.default_bucket()` and `Session.default_bucket_prefix`, which the Session reads from the
+# SDK config keys below when they are set (`sagemaker/core/helper/session_helper.py`,
+# `SESSION_DEFAULT_S3_BUCKET_PATH`, `SESSION_DEFAULT_S3_OBJECT_KEY_PREFIX_PATH`). The workshop's
+# role policy, its data prefix, cleanup and the preflight follow the same two values.
+SDK_BUCKET_KEY = "SageMaker.PythonSDK.Modules.Session.DefaultS3Bucket"
+SDK_KEY_PREFIX_KEY = "SageMaker.PythonSDK.Modules.Session.DefaultS3ObjectKeyPrefix"
+
+
+def s3_key(key_prefix: str | None, *parts: str) -> str:
+    """`parts` joined with '/', after `key_prefix` (the SDK's default key prefix) if there is one,
+    joined as SDK v3 joins it (`f"{default_bucket_prefix}/{key}"`)."""
+    key = "/".join(p for p in parts if p)
+    return f"{key_prefix}/{key}" if key_prefix else key
+
+
+def sdk_key_prefix(session: Any = None) -> str:
+    """The key prefix SDK v3 puts before every S3 key it writes for a job, or '' if none.
+
+    `session`: a SageMaker `Session` (its `default_bucket_prefix`), or anything else: the user's
+    SDK config (`SDK_KEY_PREFIX_KEY`), read locally with no AWS call.
+    """
+    if session is not None and hasattr(session, "default_bucket_prefix"):
+        return session.default_bucket_prefix or ""
+    from sagemaker.core.common_utils import get_config_value
+
+    return get_config_value(SDK_KEY_PREFIX_KEY, sdk_config()) or ""
+
+
+def sdk_bucket(session: Any = None) -> str:
+    """The name of the bucket SDK v3 will stage code in and write outputs to, creating nothing.
+
+    A bucket the SDK config names (`SDK_BUCKET_KEY`) or the `Session` was given, else
+    `sagemaker-<region>-<account>` (one STS call): the name `default_bucket()` would create.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+    from sagemaker.core.common_utils import get_config_value
+
+    sm_session = session if hasattr(session, "default_bucket") else sagemaker_session(session)
+    named = (
+        getattr(sm_session, "_default_bucket", None)  # already resolved by default_bucket()
+        or getattr(sm_session, "_default_bucket_name_override", None)  # the Session's own resolution
+        or get_config_value(SDK_BUCKET_KEY, getattr(sm_session, "sagemaker_config", None))
+    )
+    if named:
+        return named
+    try:
+        return sm_session.generate_default_sagemaker_bucket_name(sm_session.boto_session)
+    except (BotoCoreError, ClientError) as exc:
+        raise WorkshopError(f"Could not name the SageMaker default bucket (sts:GetCallerIdentity): {exc}",
+                            CREDENTIALS_FIX) from None

@@ -296,18 +296,29 @@ def _find_vpc(ec2: Any, user: str) -> dict[str, Any] | None:
     return _one(ec2.describe_vpcs(Filters=_user_filters(user, "vpc"))["Vpcs"], "VPC")
 
 
-def _check_cidr(ec2: Any, cidr: str) -> ipaddress.IPv4Network:
+def _free_cidr(taken: Sequence[tuple[str, Any]]) -> ipaddress.IPv4Network | None:
+    """The workshop's default block if no VPC overlaps it, else the first free 10.N.0.0/16."""
+    candidates = [ipaddress.ip_network(DEFAULT_CIDR), *(ipaddress.ip_network(f"10.{i}.0.0/16") for i in range(80, 250))]
+    return next((c for c in candidates if not any(c.overlaps(o) for _, o in taken)), None)
+
+
+def _check_cidr(ec2: Any, cidr: str | None) -> ipaddress.IPv4Network:
+    """`cidr`, checked against every VPC in the region; None: a free block, chosen here (each
+    attendee in a shared account has a VPC of their own, and the next one must not overlap)."""
+    if cidr is None:
+        taken = _vpc_blocks(ec2)
+        free = _free_cidr(taken)
+        if free is None:
+            raise WorkshopError("No free 10.N.0.0/16 block is left for a workshop VPC in this region.",
+                                "pass cidr= (CLI: --cidr) with a block that overlaps no VPC, or delete unused VPCs.")
+        return free
     try:
         net = ipaddress.ip_network(cidr)
     except ValueError:
         raise WorkshopError(f"Not an IPv4 CIDR block: {cidr!r}.", "pass e.g. cidr='10.87.0.0/16'.") from None
     if not isinstance(net, ipaddress.IPv4Network) or not 16 <= net.prefixlen <= 24:
         raise WorkshopError(f"The VPC CIDR must be IPv4, /16 to /24; got {cidr!r}.", "pass e.g. cidr='10.87.0.0/16'.")
-    taken = [
-        (vpc["VpcId"], ipaddress.ip_network(assoc["CidrBlock"]))
-        for vpc in ec2.describe_vpcs()["Vpcs"]
-        for assoc in vpc.get("CidrBlockAssociationSet") or [{"CidrBlock": vpc["CidrBlock"]}]
-    ]
+    taken = _vpc_blocks(ec2)
     clash = next(((vpc_id, other) for vpc_id, other in taken if net.overlaps(other)), None)
     if clash:
         candidates = (ipaddress.ip_network(f"10.{i}.0.0/16") for i in range(80, 250))
@@ -317,6 +328,14 @@ def _check_cidr(ec2: Any, cidr: str) -> ipaddress.IPv4Network:
             f"pass a block that overlaps no VPC, e.g. cidr='{free}' (CLI: python -m workshop network --cidr {free}).",
         )
     return net
+
+
+def _vpc_blocks(ec2: Any) -> list[tuple[str, Any]]:
+    return [
+        (vpc["VpcId"], ipaddress.ip_network(assoc["CidrBlock"]))
+        for vpc in ec2.describe_vpcs()["Vpcs"]
+        for assoc in vpc.get("CidrBlockAssociationSet") or [{"CidrBlock": vpc["CidrBlock"]}]
+    ]
 
 
 def _pick_az(ec2: Any, availability_zone: str | None) -> str:
@@ -349,7 +368,7 @@ def ensure_network(
     session: Any = None,
     *,
     egress: str = "endpoints",
-    cidr: str = DEFAULT_CIDR,
+    cidr: str | None = None,
     availability_zone: str | None = None,
     extra_endpoints: Sequence[str] = (),
     user: str | None = None,
@@ -359,7 +378,9 @@ def ensure_network(
     """Create or reuse this user's workshop network (see the module docstring); idempotent.
 
     Each piece is looked up by its tags first, so a second call (or a call after a partial
-    failure) creates only what is missing and returns the same ids.
+    failure) creates only what is missing and returns the same ids. `cidr`: the new VPC's block;
+    None: `DEFAULT_CIDR`, or, when another VPC in the region overlaps it (another attendee's
+    workshop VPC in a shared account), the first free 10.N.0.0/16.
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -644,25 +665,29 @@ def trust_policy() -> dict[str, Any]:
     }
 
 
-def s3_prefixes(user: str | None = None) -> list[str]:
+def s3_prefixes(user: str | None = None, key_prefix: str | None = None) -> list[str]:
     """The S3 key prefixes the workshop writes for a user in the default bucket: the shared MNIST
     channels (`<workshop>/<user>/`) and each lab's jobs (SDK v3 keys code, drivers and outputs
-    by the base job name, `<user>-<lab>/`)."""
+    by the base job name, `<user>-<lab>/`), each after the SDK's default key prefix if the SDK
+    config sets one (`key_prefix`; None: read it from the config, `aws.sdk_key_prefix()`)."""
     from workshop.labs import LABS
 
     user = user or aws.user_prefix()
+    key_prefix = aws.sdk_key_prefix() if key_prefix is None else key_prefix
     labs = [aws.sanitize_name(f"{user}-{key}", 48) for key in LABS]
-    return [f"{aws.WORKSHOP_NAME}/{user}/", *(f"{base}/" for base in labs)]
+    return [aws.s3_key(key_prefix, aws.WORKSHOP_NAME, user) + "/", *(aws.s3_key(key_prefix, base) + "/" for base in labs)]
 
 
 def role_policy(*, region: str, account: str, bucket: str, user: str | None = None,
-                partition: str = "aws") -> dict[str, Any]:
+                partition: str = "aws", key_prefix: str | None = None) -> dict[str, Any]:
     """Least privilege for a workshop training job. No `*` action anywhere; the few actions
     on `*` are those AWS defines no resource type for (ecr:GetAuthorizationToken,
     cloudwatch:PutMetricData, ec2:Describe*-style reads and the network-interface calls a VPC
-    job's ENIs need), each named explicitly."""
+    job's ENIs need), each named explicitly. S3: the user's prefixes (`s3_prefixes`, after
+    `key_prefix`) in `bucket`, which must be where the SDK will put the job's files
+    (`aws.sdk_bucket`, `aws.sdk_key_prefix`)."""
     user = user or aws.user_prefix()
-    prefixes = s3_prefixes(user)
+    prefixes = s3_prefixes(user, key_prefix)
     bucket_arn = f"arn:{partition}:s3:::{bucket}"
     log_group = f"arn:{partition}:logs:{region}:{account}:log-group:/aws/sagemaker/TrainingJobs"
     return {
@@ -704,8 +729,12 @@ def role_policy(*, region: str, account: str, bucket: str, user: str | None = No
                 "Sid": "TrainingMetrics",
                 "Effect": "Allow",
                 "Action": ["cloudwatch:PutMetricData"],
-                "Resource": "*",  # no resource type; limited to SageMaker's namespace
-                "Condition": {"StringLike": {"cloudwatch:namespace": "/aws/sagemaker/*"}},
+                # No resource type, and no condition: SDK v3 checks the role when a ModelTrainer
+                # is built by simulating this action (iam:SimulatePrincipalPolicy) with no context
+                # keys, and a statement conditioned on `cloudwatch:namespace` does not apply to
+                # such a simulation, so the SDK would reject the role (RoleValidationError). The
+                # SDK's own training role grants it the same way. One action, metrics only.
+                "Resource": "*",
             },
             {
                 "Sid": "VpcJobNetworkInterfaces",
@@ -727,7 +756,7 @@ def shipped_policy_documents(region: str = "us-east-1", account: str = "12345678
     """Every IAM policy document this package writes, by name (for the wildcard check)."""
     return {
         "trust_policy": trust_policy(),
-        "role_policy": role_policy(region=region, account=account, bucket=bucket, user="alice"),
+        "role_policy": role_policy(region=region, account=account, bucket=bucket, user="alice", key_prefix=""),
     }
 
 
@@ -755,6 +784,12 @@ class RoleInfo:
     created: bool
 
 
+def _sdk_session(session: Any, boto: Any) -> Any:
+    """`session` if it is a SageMaker `Session`, else one over `boto`: what says where the SDK
+    puts a job's files (its default bucket and key prefix, from the user's SDK config)."""
+    return session if hasattr(session, "default_bucket") else aws.sagemaker_session(boto)
+
+
 def _account(boto: Any) -> tuple[str, str]:
     identity = boto.client("sts").get_caller_identity()
     return identity["Account"], identity["Arn"].split(":")[1]
@@ -763,16 +798,18 @@ def _account(boto: Any) -> tuple[str, str]:
 def ensure_role(session: Any = None, *, user: str | None = None, bucket: str | None = None) -> RoleInfo:
     """Create or reuse this user's workshop execution role; its inline policy is (re)written
     each time, so it follows the code. Tagged like everything else, which is how cleanup knows
-    it is the workshop's to delete."""
+    it is the workshop's to delete. Its S3 access is to `bucket` (default: the bucket the SDK
+    will use, `aws.sdk_bucket`) under the SDK's key prefix, if the SDK config sets one."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     boto = aws.as_boto_session(session)
+    sm_session = _sdk_session(session, boto)
     user = user or aws.user_prefix()
     name = role_name(user)
     iam = boto.client("iam")
     try:
         account, partition = _account(boto)
-        bucket = bucket or f"sagemaker-{boto.region_name}-{account}"
+        bucket = bucket or aws.sdk_bucket(sm_session)
         created = False
         try:
             role = iam.get_role(RoleName=name)["Role"]
@@ -789,7 +826,8 @@ def ensure_role(session: Any = None, *, user: str | None = None, bucket: str | N
                 Tags=workshop_tags(user), MaxSessionDuration=3600,
             )["Role"]
             created = True
-        policy = role_policy(region=boto.region_name, account=account, bucket=bucket, user=user, partition=partition)
+        policy = role_policy(region=boto.region_name, account=account, bucket=bucket, user=user, partition=partition,
+                             key_prefix=aws.sdk_key_prefix(sm_session))
         iam.put_role_policy(RoleName=name, PolicyName="workshop-training", PolicyDocument=json.dumps(policy))
     except (BotoCoreError, ClientError) as exc:
         raise _aws_error(f"Creating the IAM role {name} failed", exc) from None
@@ -854,14 +892,23 @@ NETWORK_ACTIONS = (
 )
 NAT_ACTIONS = ("ec2:CreateNatGateway", "ec2:AllocateAddress", "ec2:CreateInternetGateway", "ec2:CreateRoute")
 ROLE_ACTIONS = ("iam:CreateRole", "iam:PutRolePolicy", "iam:TagRole", "iam:GetRole")
+# What IAM sees when CreateTrainingJob passes the role. Administrators (and the SDK's own
+# policies) allow iam:PassRole only under this condition, which a simulation without the key
+# would not apply: the caller would be told, wrongly, that PassRole is missing.
+PASS_ROLE_CONTEXT = [
+    {"ContextKeyName": "iam:PassedToService", "ContextKeyValues": ["sagemaker.amazonaws.com"], "ContextKeyType": "string"}
+]
 
 
 def job_permission_checks(
-    *, region: str, account: str, partition: str, base_job_name: str, user: str | None = None
+    *, region: str, account: str, partition: str, base_job_name: str, user: str | None = None,
+    bucket: str | None = None, key_prefix: str = "",
 ) -> list[tuple[tuple[str, ...], str | None]]:
-    """(actions, resource ARN) groups a caller needs to start and follow a workshop job."""
-    bucket = f"sagemaker-{region}-{account}"
-    data_prefix = f"{aws.WORKSHOP_NAME}/{user or aws.user_prefix()}/data"
+    """(actions, resource ARN) groups a caller needs to start and follow a workshop job, in the
+    bucket and under the key prefix the SDK will use (default: `sagemaker-<region>-<account>`,
+    no prefix; `preflight` passes the SDK session's)."""
+    bucket = bucket or f"sagemaker-{region}-{account}"
+    data_prefix = aws.s3_key(key_prefix, aws.WORKSHOP_NAME, user or aws.user_prefix(), "data")
     logs = f"arn:{partition}:logs:{region}:{account}:log-group:/aws/sagemaker/TrainingJobs:log-stream:{base_job_name}-x"
     return [
         (("sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob", "sagemaker:AddTags"),
@@ -909,6 +956,8 @@ def check_permissions(iam: Any, caller_arn: str, role_arn: str,
             kwargs: dict[str, Any] = {"PolicySourceArn": principal, "ActionNames": list(names)}
             if resource:
                 kwargs["ResourceArns"] = [resource]
+            if "iam:PassRole" in names:
+                kwargs["ContextEntries"] = PASS_ROLE_CONTEXT
             for page in iam.get_paginator("simulate_principal_policy").paginate(**kwargs):
                 denied += [r["EvalActionName"] for r in page["EvaluationResults"] if r["EvalDecision"] != "allowed"]
     except NotImplementedError:  # moto in-process
@@ -938,14 +987,25 @@ def _training_quotas(sq: Any) -> dict[str, tuple[float, str]]:
     return out
 
 
-def _cheaper_with_quota(quotas: dict[str, tuple[float, str]], instance_type: str, count: int) -> list[str]:
+def _cheaper_with_quota(
+    quotas: dict[str, tuple[float, str]], instance_type: str, count: int,
+    allowed: Callable[[str], bool] | None = None,
+) -> list[str]:
+    """Up to 3 other types whose quota allows `count`, cheapest first: GPU or CPU like
+    `instance_type`, and, given `allowed` (the job plan's `allows`), only types the job's route
+    and image can use (e.g. SMP: p4d/p4de/p5 only; a CUDA 13 image: no p3)."""
     gpu = instance_type.split(".")[1][:1] in ("g", "p")
-    ok = [t for t, (v, _) in quotas.items() if v >= count and (t.split(".")[1][:1] in ("g", "p")) == gpu]
+    ok = [t for t, (v, _) in quotas.items() if v >= count and t != instance_type
+          and (t.split(".")[1][:1] in ("g", "p")) == gpu and (allowed is None or allowed(t))]
     return sorted(ok, key=lambda t: (INSTANCE_PRICES[t].usd_per_hour if t in INSTANCE_PRICES else 1e9, t))[:3]
 
 
-def check_quota(sq: Any, instance_type: str, count: int, region: str) -> str:
-    """The account's Service Quotas value for `instance_type` training instances."""
+def check_quota(sq: Any, instance_type: str, count: int, region: str,
+                allowed: Callable[[str], bool] | None = None) -> str:
+    """The account's Service Quotas value for `instance_type` training instances.
+
+    `allowed` (the job plan's `allows`): what an alternative instance type must satisfy, so a
+    refusal never suggests a type the job's route or image cannot use."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -959,7 +1019,8 @@ def check_quota(sq: Any, instance_type: str, count: int, region: str) -> str:
     if not quotas:
         return "quota: not checked (Service Quotas listed no SageMaker training quotas)"
     if instance_type not in quotas:
-        offered = _cheaper_with_quota(quotas, instance_type, 1) or sorted(quotas)[:3]
+        offered = _cheaper_with_quota(quotas, instance_type, 1, allowed) or sorted(
+            t for t in quotas if allowed is None or allowed(t))[:3]
         raise WorkshopError(
             f"{instance_type} is not offered for SageMaker training in {region} (no training quota for it).",
             f"choose another instance type, e.g. {', '.join(offered)}, or another region.",
@@ -967,7 +1028,7 @@ def check_quota(sq: Any, instance_type: str, count: int, region: str) -> str:
     value, code = quotas[instance_type]
     if value >= count:
         return f"quota: {instance_type} for training: {value:g} (need {count})"
-    smaller = _cheaper_with_quota(quotas, instance_type, count)
+    smaller = _cheaper_with_quota(quotas, instance_type, count, allowed)
     alternatives = f" or use {', '.join(smaller)}, whose quota allows {count}" if smaller else ""
     what = "is zero" if value == 0 else f"is {value:g}"
     raise WorkshopError(
@@ -1008,8 +1069,10 @@ def preflight(
     boto = aws.as_boto_session(session)
     identity = identity or aws.require_credentials(boto)
     partition, account = identity.split(":")[1], identity.split(":")[4]
+    sm_session = _sdk_session(session, boto)  # where the SDK will put the job's files
     checks = job_permission_checks(region=boto.region_name, account=account, partition=partition,
-                                   base_job_name=plan.base_job_name)
+                                   base_job_name=plan.base_job_name, bucket=aws.sdk_bucket(sm_session),
+                                   key_prefix=aws.sdk_key_prefix(sm_session))
     if network_egress:
         checks.append((NETWORK_ACTIONS + (NAT_ACTIONS if network_egress == "nat" else ()), None))
     if creating_role:
@@ -1018,7 +1081,8 @@ def preflight(
         identity=identity,
         role_arn=role_arn,
         permissions=check_permissions(boto.client("iam"), identity, role_arn, checks),
-        quota=check_quota(boto.client("service-quotas"), plan.instance_type, plan.instance_count, boto.region_name),
+        quota=check_quota(boto.client("service-quotas"), plan.instance_type, plan.instance_count, boto.region_name,
+                          allowed=getattr(plan, "allows", None)),
         cost=estimate_cost(plan.instance_type, plan.instance_count, plan.max_run_s, lab_key=plan.lab.key,
                            network_egress=network_egress),
     )
@@ -1117,11 +1181,11 @@ def cleanup(session: Any = None, *, delete_s3: bool = False, user: str | None = 
     report.role = delete_role(boto, user=user)
     if delete_s3:
         s3 = boto.client("s3")
-        account, _ = _account(boto)
-        bucket = f"sagemaker-{boto.region_name}-{account}"
+        sm_session = _sdk_session(session, boto)  # the SDK's bucket and key prefix, as the jobs used them
+        bucket = aws.sdk_bucket(sm_session)
         try:
             s3.head_bucket(Bucket=bucket)
-            report.s3_objects = delete_s3_prefixes(s3, bucket, s3_prefixes(user))
+            report.s3_objects = delete_s3_prefixes(s3, bucket, s3_prefixes(user, aws.sdk_key_prefix(sm_session)))
         except ClientError as exc:
             if _code(exc) not in ("404", "NoSuchBucket", "NotFound"):
                 raise _aws_error(f"Deleting your objects in {bucket} failed", exc) from None

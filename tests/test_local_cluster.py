@@ -66,41 +66,121 @@ def _alive(pid: int) -> bool:
 
 
 def test_contract_variables_per_host_and_rank(tmp_path, channels):
+    """The container runtime: each host's /opt/ml, algo-N names, the SDK's sm_train.sh and driver."""
     result = cluster(tmp_path).run({"epochs": 2, "lr": 0.1, "run-name": "probe"}, channels)
-    assert result.ok and result.world_size == 4
+    assert result.ok and result.world_size == 4 and result.runtime == "container"
     seen = envs(result)
     assert sorted(seen) == [0, 1, 2, 3]  # torchrun gave every rank a distinct global rank
     for rank, env in seen.items():
         host = "algo-1" if rank < 2 else "algo-2"
-        sandbox = result.hosts[0 if rank < 2 else 1].sandbox
         assert env["SM_CURRENT_HOST"] == host
         assert env["SM_CURRENT_HOST_RANK"] == str(rank // 2)
         assert json.loads(env["SM_HOSTS"]) == ["algo-1", "algo-2"]
         assert env["SM_HOST_COUNT"] == "2"
-        assert env["SM_MASTER_ADDR"] == "127.0.0.1" == env["MASTER_ADDR"]
-        assert env["SM_MASTER_PORT"] == env["MASTER_PORT"]
+        # SageMaker's names and port, as the SDK's environment.py sets them, resolved by name.
+        assert env["SM_MASTER_ADDR"] == "algo-1" == env["MASTER_ADDR"]
+        assert env["SM_MASTER_PORT"] == "7777" == env["MASTER_PORT"]
+        assert env["hostname"] == host and env["algo-1"] == "127.0.0.1" and env["algo-2"] == "127.0.0.2"
         assert env["WORLD_SIZE"] == "4" and env["LOCAL_RANK"] == str(rank % 2)
         assert env["SM_NUM_GPUS"] == "0" and int(env["SM_NUM_CPUS"]) >= 1
-        assert env["SM_MODEL_DIR"] == str(sandbox.model_dir)
-        assert env["SM_OUTPUT_DATA_DIR"] == str(sandbox.output_data_dir)
-        assert env["SM_CHECKPOINT_DIR"] == str(sandbox.checkpoint_dir)
-        assert env["SM_CHANNEL_TRAIN"] == str(sandbox.data_dir / "train")
-        assert os.path.samefile(env["SM_CHANNEL_TRAIN"], channels["train"])
-        assert json.loads(env["SM_CHANNELS"]) == ["train", "test"]
+        # The container's own paths: each host's sandbox is its /opt/ml.
+        assert env["SM_MODEL_DIR"] == "/opt/ml/model"
+        assert env["SM_OUTPUT_DATA_DIR"] == "/opt/ml/output/data"
+        assert env["SM_CHECKPOINT_DIR"] == "/opt/ml/checkpoints"
+        assert env["SM_CHANNEL_TRAIN"] == "/opt/ml/input/data/train"
+        assert env["train_files"] == sorted(p.name for p in channels["train"].iterdir())
+        assert json.loads(env["SM_CHANNELS"]) == ["train", "test", "code", "sm_drivers"]
         assert json.loads(env["SM_HPS"]) == {"epochs": 2, "lr": 0.1, "run-name": "probe"}
         assert env["SM_HP_EPOCHS"] == "2" and env["SM_HP_RUN_NAME"] == "probe"
         assert json.loads(env["SM_DISTRIBUTED_CONFIG"]) == {"process_count_per_node": 2, "smp": None}
         # SDK v3 runs the script from its own copy of the code channel, with flags from the HPs.
-        assert env["cwd"] == str(sandbox.code_dir) == env["SM_SOURCE_DIR"]
+        assert env["cwd"] == "/opt/ml/input/data/code" == env["SM_SOURCE_DIR"]
         assert env["argv"] == ["--epochs", "2", "--lr", "0.1", "--run-name", "probe"]
+        assert not any(k.startswith("AWS_") for k in env["all_keys"])  # no caller credentials inside
+    for host in result.hosts:  # written by the SDK's own environment.py, in the host's /opt/ml
+        exported = (host.sandbox.input_dir / "sm_training.env").read_text()
+        assert f"export SM_CURRENT_HOST='{host.name}'" in exported
     config = json.loads((result.hosts[1].sandbox.config_dir / "resourceconfig.json").read_text())
     assert config["current_host"] == "algo-2" and config["hosts"] == ["algo-1", "algo-2"]
     assert json.loads((result.hosts[0].sandbox.config_dir / "hyperparameters.json").read_text())["epochs"] == "2"
+    # The SDK's sm_train.sh ran the SDK's Torchrun driver, which built the SageMaker command line.
+    assert any(line.endswith("Running Torchrun Driver") for line in result.lines)
+    assert any("torchrun --nnodes=2 --nproc_per_node=2 --master_addr=algo-1 --master_port=7777 --node_rank=1"
+               in line for line in result.lines)
+
+
+def test_hosts_start_apart_and_the_job_waits_for_the_late_one(tmp_path, channels):
+    """SageMaker's instances finish their set-up at different times: algo-2 starts 6 s late here,
+    and the job (torchrun's rendezvous waits for every node) still succeeds."""
+    result = cluster(tmp_path, hosts=2, procs=1, start_skew_s=6).run({}, channels)
+    seen = envs(result)
+    assert result.ok and sorted(seen) == [0, 1]
+    algo1, algo2 = result.hosts
+    assert algo2.driver_started_s - algo1.driver_started_s >= 5.5
+    assert any("starting 6 s after the first host" in line for line in result.lines)
+    # The ranks start together: the early host's torchrun waited for the late one.
+    assert abs(seen[1]["started"] - seen[0]["started"]) < 3
+    early = cluster(tmp_path / "two", hosts=3, procs=1, start_skew_s=[4, 0, 2]).run({}, channels)
+    a1, a2, a3 = early.hosts
+    assert early.ok and a1.driver_started_s - a2.driver_started_s >= 3.5  # the master last: the others wait
+
+
+def test_a_job_without_a_route_out_has_no_network_but_its_hosts(tmp_path, channels):
+    """The default: a private network with only loopback, as the workshop's endpoints-only VPC;
+    `pip install` fails there, as in a job that cannot reach PyPI, and a server on this machine is
+    out of reach. `internet=True`: the same private network with a way out (an HTTPS proxy on
+    this machine's network), as a job with a route to the internet."""
+    with socket.socket() as server:  # a server outside the job, on this machine's loopback
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+
+        def answer() -> None:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.recv(100)
+                    conn.sendall(b"pong\n")
+
+        threading.Thread(target=answer, daemon=True).start()
+        private = cluster(tmp_path, hosts=2, procs=1, extra_env={"PROBE_PIP": "six", "PROBE_CONNECT": address}).run({}, channels)
+        seen = envs(private)
+        assert seen[0]["interfaces"] == ["lo"] == seen[1]["interfaces"]
+        assert seen[0]["net_ns"] == seen[1]["net_ns"] != os.readlink("/proc/self/ns/net")  # shared, not ours
+        assert seen[0]["pip_status"] != 0, seen[0]
+        assert seen[0]["connect"].startswith("failed"), seen[0]["connect"]
+        online = cluster(tmp_path / "online", hosts=2, procs=1, internet=True,
+                         extra_env={"PROBE_CONNECT": address}).run({}, channels)
+        seen = envs(online)
+        assert seen[0]["interfaces"] == ["lo"] and seen[0]["net_ns"] != os.readlink("/proc/self/ns/net")
+        assert seen[0]["connect"] == "pong" == seen[1]["connect"]
+        assert seen[0]["hostname"] == "algo-1" and seen[1]["algo-1"] == "127.0.0.1"
+
+
+def test_process_runtime_points_the_contract_into_the_sandbox(tmp_path, channels):
+    """Where Linux namespaces are unavailable: plain processes, the master on loopback."""
+    result = cluster(tmp_path, runtime="process").run({"epochs": 2, "lr": 0.1, "run-name": "probe"}, channels)
+    assert result.ok and result.runtime == "process"
+    seen = envs(result)
+    assert sorted(seen) == [0, 1, 2, 3]
+    for rank, env in seen.items():
+        sandbox = result.hosts[0 if rank < 2 else 1].sandbox
+        assert env["SM_MASTER_ADDR"] == "127.0.0.1" == env["MASTER_ADDR"]
+        assert env["SM_MASTER_PORT"] == env["MASTER_PORT"]
+        assert env["SM_MODEL_DIR"] == str(sandbox.model_dir)
+        assert env["SM_CHECKPOINT_DIR"] == str(sandbox.checkpoint_dir)
+        assert os.path.samefile(env["SM_CHANNEL_TRAIN"], channels["train"])
+        assert json.loads(env["SM_CHANNELS"]) == ["train", "test"]
+        assert env["cwd"] == str(sandbox.code_dir) == env["SM_SOURCE_DIR"]
 
 
 def test_one_host_jobs_do_not_share_torchruns_default_port(tmp_path, channels):
-    """With one host the SDK's driver passes no --master_port; torchrun would take 29500."""
-    result = cluster(tmp_path, hosts=1, procs=2).run({}, channels)
+    """With one host the SDK's driver passes no --master_port; torchrun would take 29500. (The
+    container runtime gives every job a network of its own, where no port is shared.)"""
+    result = cluster(tmp_path, hosts=1, procs=2, runtime="process").run({}, channels)
     seen = envs(result)
     assert sorted(seen) == [0, 1]
     assert {env["MASTER_PORT"] for env in seen.values()} == {seen[0]["SM_MASTER_PORT"]} != {"29500"}

@@ -34,6 +34,14 @@ RESERVED_CHANNELS = ("code", "sm_drivers")
 LOCAL_MASTER_ADDR = "127.0.0.1"
 LOCAL_INSTANCE_TYPE = "local"
 LOCAL_INTERFACE = "lo"
+# What SDK v3's container scripts fix (`container_drivers/scripts/environment.py`).
+SAGEMAKER_MASTER_PORT = 7777
+# The image entrypoint and arguments SDK v3 sets for `source_code` jobs
+# (`sagemaker/train/constants.py: DEFAULT_CONTAINER_ENTRYPOINT`, `DEFAULT_CONTAINER_ARGUMENTS`).
+CONTAINER_COMMAND = (
+    "/bin/bash", "-c",
+    "chmod +x /opt/ml/input/data/sm_drivers/sm_train.sh && /opt/ml/input/data/sm_drivers/sm_train.sh",
+)
 
 
 def host_names(count: int) -> list[str]:
@@ -97,8 +105,14 @@ class HostSandbox:
         hyperparameters: dict[str, Any],
         source_dir: Path,
         instance_type: str = LOCAL_INSTANCE_TYPE,
+        sm_drivers: Path | None = None,
     ) -> None:
-        """Lay out the sandbox and its config files as SageMaker does before the job starts."""
+        """Lay out the sandbox and its config files as SageMaker does before the job starts.
+
+        With `sm_drivers` (the container runtime), the job's `sm_drivers` channel is copied in
+        too, and `inputdataconfig.json` lists the `code` and `sm_drivers` channels as a
+        SageMaker job's does (SDK v3 sends them as input channels).
+        """
         for d in (self.config_dir, self.data_dir, self.model_dir, self.output_data_dir, self.checkpoint_dir):
             d.mkdir(parents=True, exist_ok=True)
         resource = {
@@ -111,9 +125,10 @@ class HostSandbox:
             ],
             "network_interface_name": LOCAL_INTERFACE,
         }
+        listed = [*channels, *(RESERVED_CHANNELS if sm_drivers is not None else ())]
         input_data = {
             name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated", "RecordWrapperType": "None"}
-            for name in channels
+            for name in listed
         }
         # SageMaker stores every hyperparameter value as a string (JSON for non-strings).
         hps = {k: _serialize(v) for k, v in hyperparameters.items()}
@@ -133,6 +148,11 @@ class HostSandbox:
         if self.code_dir.exists():
             shutil.rmtree(self.code_dir)
         shutil.copytree(source_dir, self.code_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        if sm_drivers is not None:
+            drivers = self.data_dir / "sm_drivers"
+            if drivers.exists():
+                shutil.rmtree(drivers)
+            shutil.copytree(sm_drivers, drivers)
 
     def environment(
         self,
@@ -226,3 +246,50 @@ def base_process_env() -> dict[str, str]:
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG")
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("SM_", "OMPI_", "PET_"))}
     return env
+
+
+def container_process_env(job_name: str) -> dict[str, str]:
+    """The environment a simulated container starts with (before `sm_train.sh` adds the `SM_*`).
+
+    This machine's environment, as `base_process_env`, less what a training container would not
+    have: the caller's AWS credentials and settings and the SageMaker SDK's (the SDK's
+    `environment.py` logs every variable of the container), and pip's settings. Plus what SageMaker sets:
+    `TRAINING_JOB_NAME`, and the workshop's own `SM_CHECKPOINT_DIR` (its jobs set it next to
+    their CheckpointConfig).
+    """
+    env = {k: v for k, v in base_process_env().items() if not k.startswith(("AWS_", "SAGEMAKER_", "PIP_"))}
+    env["TRAINING_JOB_NAME"] = job_name
+    # Nor this machine's pip configuration (local wheel folders, mirrors): a `pip install` in
+    # the job meets the job's network as it is, not a cache that no training image has.
+    env["PIP_CONFIG_FILE"] = os.devnull
+    env["SM_CHECKPOINT_DIR"] = "/opt/ml/checkpoints"
+    return env
+
+
+def write_sm_drivers(dest: Path, source_dir: Path, entry_script: str, distributed: Any = None) -> Path:
+    """The `sm_drivers` channel exactly as SDK v3's `ModelTrainer` builds it before uploading it
+    (`sagemaker/train/model_trainer.py: _create_training_job_args`): the SDK's container drivers,
+    its `install_requirements.py`, the `distributed=` config's driver folder, and the generated
+    `sm_train.sh`, `sourcecode.json` and `distributed.json`, by the SDK's own functions."""
+    from types import SimpleNamespace
+
+    import sagemaker.core.utils.install_requirements as install_requirements
+    from sagemaker.core.training.configs import SourceCode
+    from sagemaker.train.constants import SM_DRIVERS_LOCAL_PATH
+    from sagemaker.train.model_trainer import ModelTrainer
+
+    dest = Path(dest)
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(SM_DRIVERS_LOCAL_PATH, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy2(install_requirements.__file__, dest / "scripts" / "install_requirements.py")
+    if distributed is not None:
+        shutil.copytree(distributed.driver_dir, dest / "distributed_drivers", dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    source_code = SourceCode(source_dir=str(source_dir), entry_script=entry_script)
+    tmp = SimpleNamespace(name=str(dest))
+    trainer = SimpleNamespace(_jumpstart_config=None)  # all _prepare_train_script reads of self
+    ModelTrainer._prepare_train_script(trainer, tmp, source_code, distributed)
+    ModelTrainer._write_source_code_json(trainer, tmp, source_code)
+    ModelTrainer._write_distributed_json(trainer, tmp, distributed)
+    return dest

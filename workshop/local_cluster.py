@@ -9,12 +9,25 @@
                          channels={"train": "data/mnist/train", "test": "data/mnist/test"})
     result.metric("final_test_accuracy")
 
-Each simulated host gets a sandbox laid out like `/opt/ml` and the `SM_*` variables that
-SDK v3's `environment.py` sets (see `workshop.contract`), then runs the very driver a
-SageMaker job runs for the same `distributed=` config (SDK's `torchrun_driver.py` for
-`Torchrun`, the workshop's own drivers for its `DistributedConfig`s, the basic script driver
-without one), all hosts concurrently, with the master on 127.0.0.1 at a free port. So a
-local run exercises the real script, the real launcher command line and the real
+Each simulated host gets a sandbox laid out like `/opt/ml` (see `workshop.contract`), with the
+job's `code` and `sm_drivers` channels as SDK v3 uploads them, and runs what a SageMaker host
+runs for the same `distributed=` config, all hosts concurrently. Two runtimes:
+
+- **container** (Linux with unprivileged namespaces, `workshop.hostns`): each host sees its
+  sandbox at `/opt/ml`, its hostname is `algo-N`, its peers resolve as `algo-1..algo-N` (at
+  127.0.0.1..N), and it runs the SDK's own generated `sm_train.sh` unchanged: the SDK's
+  `environment.py` writes `/opt/ml/input/sm_training.env`, the script `cd`s into the code and
+  runs the driver (SDK's `torchrun_driver.py` for `Torchrun`, the workshop's own drivers for
+  its `DistributedConfig`s, the basic script driver without one), which builds
+  `torchrun --master_addr=algo-1 --master_port=7777 ...` as on SageMaker. The hosts share a
+  private network with nothing but loopback, and a job with a route to the internet
+  (`internet=True`) reaches it through an HTTPS proxy; hosts may start seconds apart
+  (`start_skew_s`), as instances do.
+- **process** (elsewhere, said so when chosen): the same driver started by
+  `workshop.run_driver` with the `SM_*` variables pointing into the sandbox (`workshop.contract`
+  builds what `environment.py` would) and the master on 127.0.0.1 at a free port.
+
+So a local run exercises the real script, the real launcher command line and the real
 collectives (gloo); only the machines are simulated.
 
 Reliability lives here too:
@@ -31,6 +44,7 @@ Reliability lives here too:
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import queue
 import random
@@ -44,6 +58,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -51,12 +66,22 @@ from typing import Any
 
 import psutil
 
-from workshop import REPO_ROOT, metrics
-from workshop.contract import RESERVED_CHANNELS, HostSandbox, base_process_env, host_names
+from workshop import REPO_ROOT, hostns, metrics
+from workshop.contract import (
+    CONTAINER_COMMAND,
+    RESERVED_CHANNELS,
+    SAGEMAKER_MASTER_PORT,
+    HostSandbox,
+    base_process_env,
+    container_process_env,
+    host_names,
+    write_sm_drivers,
+)
 from workshop.errors import WorkshopError
 
 MARKER = "WORKSHOP_CLUSTER_ID"
 DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
+RUNTIMES = ("auto", "container", "process")
 
 # Per-rank tags that launchers put in front of their workers' output:
 #   torchrun --tee (PET_TEE):       "[default0]:text"      local rank
@@ -72,6 +97,8 @@ _RANK_TAG = re.compile(
     r"|\[(?:chief|worker)(?P<tf>\d+)\]: ?"
 )
 _TRACEBACK_START = "Traceback (most recent call last):"
+# sm_train.sh's line just before it runs the driver (sagemaker/train/templates.py).
+_DRIVER_START = re.compile(r"^Running .+ [Dd]river$")
 # Errors a rank raises because a peer went away first (gloo, NCCL, c10d store, MPI).
 _PEER_LOST = re.compile(
     r"Connection (?:closed|reset) by peer|Broken pipe|remote worker crashing|DistNetworkError|"
@@ -96,6 +123,7 @@ class HostResult:
     sandbox: HostSandbox
     log_path: Path
     returncode: int | None = None
+    driver_started_s: float | None = None  # container runtime: when sm_train.sh ran the driver
 
     @property
     def model_dir(self) -> Path:
@@ -124,6 +152,7 @@ class ClusterResult:
     failure: str | None = None
     world_size: int = 1
     lines: list[str] = field(default_factory=list, repr=False)
+    runtime: str = "process"  # "container" (sm_train.sh, /opt/ml, algo-N) or "process"
 
     @property
     def ok(self) -> bool:
@@ -196,6 +225,16 @@ def _die_with_parent() -> None:
             pass
 
 
+def choose_runtime(requested: str = "auto") -> tuple[str, str]:
+    """The runtime a cluster asking for `requested` gets here ("container" or "process"), and why."""
+    if requested == "process":
+        return "process", "asked for"
+    ok, why = hostns.available()
+    if requested == "container" and not ok:
+        raise WorkshopError(f"The container runtime cannot run here: {why}.", "use runtime='process' (or 'auto').")
+    return ("container", why) if ok else ("process", why)
+
+
 def processes_with_marker(cluster_id: str) -> list[psutil.Process]:
     """Every live process whose environment carries this cluster's marker."""
     found = []
@@ -226,7 +265,23 @@ class LocalCluster:
         stop_grace_s: float = 3.0,
         extra_env: dict[str, str] | None = None,
         echo: bool = True,
+        runtime: str = "auto",
+        internet: bool = False,
+        start_skew_s: float | Sequence[float] = 0.0,
+        sm_drivers_dir: str | Path | None = None,
+        container_command: Sequence[str] | None = None,
+        instance_type: str | None = None,
     ):
+        """`runtime`: "container" (needs Linux namespaces), "process", or "auto" (container
+        where possible, else process, said so). Container runtime only: `internet` gives the
+        hosts this machine's network (a job with a route out) instead of a private one with
+        nothing but loopback; `start_skew_s` delays each host's start (a number: host h starts
+        h x skew / (hosts - 1) seconds after algo-1, so the last host is `skew` late; or one
+        delay per host); `sm_drivers_dir` is the job's `sm_drivers` channel as uploaded
+        (default: built here by the installed SDK, as `ModelTrainer` builds it);
+        `container_command` the image entrypoint and arguments (default: the SDK's, which
+        runs `sm_train.sh`); `instance_type` what the hosts say they are (default "local").
+        """
         if not isinstance(hosts, int) or hosts < 1:
             raise WorkshopError(f"hosts must be a whole number of at least 1, got {hosts!r}.", "use --hosts 1 or more.")
         if not isinstance(procs_per_host, int) or procs_per_host < 1:
@@ -262,6 +317,24 @@ class LocalCluster:
         self.stop_grace_s = stop_grace_s
         self.extra_env = dict(extra_env or {})
         self.echo = echo
+        if runtime not in RUNTIMES:
+            raise WorkshopError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}.",
+                                "leave it at 'auto' (the container runtime where Linux allows it).")
+        self.runtime = runtime
+        self.internet = bool(internet)
+        if isinstance(start_skew_s, (int, float)):
+            if start_skew_s < 0:
+                raise WorkshopError(f"start_skew_s must be 0 or more, got {start_skew_s!r}.", "pass e.g. start_skew_s=5.")
+            self.start_delays = [start_skew_s * h / (hosts - 1) if hosts > 1 else 0.0 for h in range(hosts)]
+        else:
+            delays = [float(d) for d in start_skew_s]
+            if len(delays) != hosts or any(d < 0 for d in delays):
+                raise WorkshopError(f"start_skew_s as a list needs one delay of 0 or more per host ({hosts}), got {delays}.",
+                                    "pass one number, or one delay per host.")
+            self.start_delays = delays
+        self.sm_drivers_dir = Path(sm_drivers_dir).resolve() if sm_drivers_dir else None
+        self.container_command = list(container_command) if container_command else list(CONTAINER_COMMAND)
+        self.instance_type = instance_type
 
     def _job_ports(self, master_port: int) -> list[int]:
         """The master port, and for launchers that derive more ports from it (lab 1's
@@ -309,6 +382,10 @@ class LocalCluster:
             checked[name] = p.resolve()
         return checked
 
+    def resolve_runtime(self) -> tuple[str, str]:
+        """("container" or "process", why), as `run` will use it."""
+        return choose_runtime(self.runtime)
+
     def run(
         self,
         hyperparameters: dict[str, Any] | None = None,
@@ -326,33 +403,56 @@ class LocalCluster:
         """
         hyperparameters = dict(hyperparameters or {})
         chans = self._check_channels(channels or {})
+        runtime, why = self.resolve_runtime()
+        container = runtime == "container"
         driver, distributed = self._driver()
-        port = self.master_port or self._pick_port()
+        if container:
+            port = SAGEMAKER_MASTER_PORT
+        else:
+            port = self.master_port or self._pick_port()
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         job_name = f"{self.name}-{stamp}-{uuid.uuid4().hex[:4]}"
         workdir = (self.workdir or DEFAULT_RUNS_DIR / job_name).resolve()
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
         cluster_id = uuid.uuid4().hex
         names = host_names(self.hosts)
+        instance_type = self.instance_type or "local"
+
+        drivers_dir = None
+        if container:
+            drivers_dir = self.sm_drivers_dir
+            if drivers_dir is None:  # as ModelTrainer builds the sm_drivers channel
+                drivers_dir = write_sm_drivers(workdir / "sm_drivers", self.source_dir, self.entry_script, self.distributed)
+            ns_dir = workdir / "hostns"
+            ns_dir.mkdir(parents=True, exist_ok=True)
+            hosts_file = ns_dir / "hosts"
+            hosts_file.write_text(hostns.hosts_file_text(names))
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        share = max(1, len(cpus) // self.hosts)
 
         hosts: list[HostResult] = []
         envs: list[dict[str, str]] = []
+        commands: list[list[str]] = []
         for host_rank, host in enumerate(names):
             sandbox = HostSandbox(workdir / host)
             sandbox.create(
-                current_host=host, hosts=names, channels=chans,
-                hyperparameters=hyperparameters, source_dir=self.source_dir,
+                current_host=host, hosts=names, channels=chans, hyperparameters=hyperparameters,
+                source_dir=self.source_dir, instance_type=instance_type,
+                sm_drivers=drivers_dir,
             )
             if checkpoint_dir and Path(checkpoint_dir).is_dir():
                 shutil.copytree(checkpoint_dir, sandbox.checkpoint_dir, dirs_exist_ok=True)
-            env = base_process_env()
-            env.update(
-                sandbox.environment(
-                    current_host=host, hosts=names, channels=list(chans), hyperparameters=hyperparameters,
-                    entry_script=self.entry_script, distributed=distributed, driver_dir=driver.parent,
-                    master_port=port, num_cpus=self.num_cpus, job_name=job_name,
+            if container:
+                env = container_process_env(job_name)
+            else:
+                env = base_process_env()
+                env.update(
+                    sandbox.environment(
+                        current_host=host, hosts=names, channels=list(chans), hyperparameters=hyperparameters,
+                        entry_script=self.entry_script, distributed=distributed, driver_dir=driver.parent,
+                        master_port=port, num_cpus=self.num_cpus, job_name=job_name,
+                    )
                 )
-            )
             env.update(
                 {
                     MARKER: cluster_id,
@@ -360,27 +460,62 @@ class LocalCluster:
                     # torchrun reads its flags from PET_* too: --tee 3 tags each worker line
                     # with its local rank, without changing the command line the driver builds.
                     "PET_TEE": "3",
-                    # With one host the SDK's driver passes no --master_port and torchrun would
-                    # take its default 29500, shared by every local job on this machine.
-                    "PET_MASTER_ADDR": "127.0.0.1",
-                    "PET_MASTER_PORT": str(port),
                     # The drivers call `torchrun`/`mpirun` from PATH and `python` as sys.executable.
                     "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
                 }
             )
+            if not container:
+                # With one host the SDK's driver passes no --master_port and torchrun would take
+                # its default 29500, shared by every local job on this machine's network.
+                env.update({"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)})
+            elif self.internet:
+                env.update(hostns.proxy_env(names))
             env.update(self.extra_env)
             envs.append(env)
             hosts.append(HostResult(host, host_rank, sandbox, workdir / "logs" / f"{host}.log"))
+            if container:
+                mine = [cpus[(host_rank * share + i) % len(cpus)] for i in range(share)]
+                spec = hostns.HostSpec(
+                    hostname=host, sandbox=str(sandbox.root), hosts_file=str(hosts_file),
+                    command=self.container_command, holder_pid=0, net=True,
+                    stash=str(ns_dir / f"opt-{host}"), start_delay_s=self.start_delays[host_rank], cpus=mine,
+                )
+                commands.append([sys.executable, "-m", "workshop.hostns", "host", str(ns_dir / f"{host}.json")])
+                spec.write(ns_dir / f"{host}.json")
+            else:
+                commands.append([sys.executable, "-m", "workshop.run_driver", str(driver)])
 
         launcher = self.distributed.__class__.__name__ if self.distributed is not None else "no launcher"
+        if container:
+            skew = max(self.start_delays)
+            where = (
+                f"container runtime: sm_train.sh -> {driver.name} on hosts {names[0]}..{names[-1]} "
+                f"({hostns.host_address(names[0])}..{hostns.host_address(names[-1])}), master {names[0]}:{port}, "
+                + ("a private network with a way out (internet through an HTTPS proxy)" if self.internet
+                   else "a private network (no internet)")
+                + (f", hosts start up to {skew:g} s apart" if skew else "")
+            )
+        else:
+            where = (f"process runtime ({why}): {driver.name} with the master on 127.0.0.1:{port}, "
+                     "this machine's network, no sm_train.sh")
         self._say(
             f"Local cluster: {self.hosts} host(s) x {self.procs_per_host} process(es) = world size "
-            f"{self.world_size}; {launcher} via {driver.name}; master 127.0.0.1:{port}; run folder {workdir}"
+            f"{self.world_size}; {launcher}; {where}; run folder {workdir}"
         )
-        runner = _Run(self, hosts, envs, driver, workdir, cluster_id, timeout_s)
+        holder = None
         try:
+            if container:
+                holder = hostns.NamespaceHolder(net=True, proxy=self.internet)
+                for host in names:  # the holder's pid is known only now
+                    spec_path = workdir / "hostns" / f"{host}.json"
+                    spec = json.loads(spec_path.read_text())
+                    spec["holder_pid"] = holder.pid
+                    spec_path.write_text(json.dumps(spec, indent=2) + "\n")
+            runner = _Run(self, hosts, envs, commands, workdir, cluster_id, timeout_s)
             returncode, failure, lines = runner.run()
         finally:
+            if holder is not None:
+                holder.close()
             if checkpoint_dir:
                 Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
                 for host in reversed(hosts):  # algo-1 (rank 0's host) copied last wins
@@ -389,7 +524,7 @@ class LocalCluster:
         result = ClusterResult(
             job_name=job_name, returncode=returncode, hosts=hosts, records=metrics.parse_lines(lines),
             wall_time_s=runner.wall_time_s, workdir=workdir, log_path=workdir / "logs" / "cluster.log",
-            failure=failure, world_size=self.world_size, lines=lines,
+            failure=failure, world_size=self.world_size, lines=lines, runtime=runtime,
         )
         status = "succeeded" if result.ok else f"FAILED (exit status {returncode})"
         self._say(f"Local job {job_name} {status} in {result.wall_time_s:.1f} s. Logs: {result.log_path}")
@@ -403,11 +538,11 @@ class LocalCluster:
 class _Run:
     """One execution: start the hosts, stream their lines, stop everything, report."""
 
-    def __init__(self, cluster: LocalCluster, hosts, envs, driver, workdir, cluster_id, timeout_s):
+    def __init__(self, cluster: LocalCluster, hosts, envs, commands, workdir, cluster_id, timeout_s):
         self.c = cluster
         self.hosts: list[HostResult] = hosts
         self.envs = envs
-        self.driver = driver
+        self.commands = commands
         self.workdir = workdir
         self.cluster_id = cluster_id
         self.timeout_s = timeout_s
@@ -418,10 +553,14 @@ class _Run:
         self.tails: dict[tuple[str, str], deque] = {}
         self.all_lines: list[str] = []
         self.wall_time_s = 0.0
+        self._past_setup: set[str] = set()
+        self.driver_started: dict[str, float] = {}  # host -> seconds after the start when its driver ran
+        self.t0 = time.monotonic()
+        self._setup_noted: dict[str, bool] = {}
+        self._runtime_is_process = commands and "workshop.run_driver" in commands[0]
 
     def _start(self) -> None:
-        for host, env in zip(self.hosts, self.envs, strict=True):
-            cmd = [sys.executable, "-m", "workshop.run_driver", str(self.driver)]
+        for host, env, cmd in zip(self.hosts, self.envs, self.commands, strict=True):
             proc = subprocess.Popen(
                 cmd,
                 cwd=host.sandbox.code_dir,  # sm_train.sh: cd /opt/ml/input/data/code
@@ -486,11 +625,28 @@ class _Run:
             self.tails.setdefault((host, rank), deque(maxlen=400)).append((len(self.all_lines), line))
             self.all_lines.append(line)
             self._combined.write(line + "\n")
-            if self.c.echo:
+            if not rank and host not in self.driver_started and _DRIVER_START.match(line.split("] ", 1)[-1]):
+                self.driver_started[host] = time.monotonic() - self.t0
+            if self.c.echo and self._show(host, rank, line):
                 print(line, flush=True)
 
+    def _show(self, host: str, rank: str, line: str) -> bool:
+        """Echo everything but `sm_train.sh`'s set-up (its shell trace, the configs it prints and
+        the SDK's dump of every environment variable: a hundred lines per host, kept in the logs),
+        which ends where the driver starts; the driver-start line itself is shown."""
+        if self._runtime_is_process or rank or host in self._past_setup:
+            return True
+        text = line.split("] ", 1)[-1]
+        if _DRIVER_START.match(text):
+            self._past_setup.add(host)
+            return True
+        if not self._setup_noted.get(host) and text.startswith(("Starting training script", "[hostns]")):
+            self._setup_noted[host] = True
+            return True
+        return False
+
     def run(self) -> tuple[int, str | None, list[str]]:
-        t0 = time.monotonic()
+        t0 = self.t0 = time.monotonic()
         returncode, failure, failed_host = 0, None, None
         with open(self.workdir / "logs" / "cluster.log", "w", encoding="utf-8") as combined:
             self._combined = combined
@@ -517,6 +673,7 @@ class _Run:
                 self._drain()
                 for host, proc in zip(self.hosts, self.procs, strict=False):
                     host.returncode = proc.returncode
+                    host.driver_started_s = self.driver_started.get(host.name)
                 self.wall_time_s = time.monotonic() - t0
         if failed_host is not None:
             failure = self._describe_failure(failed_host, returncode)

@@ -1,0 +1,474 @@
+"""Simulated SageMaker hosts as the container sees them: `/opt/ml`, `algo-N`, and the job's network.
+
+A SageMaker training host is a container whose `/opt/ml` holds the job's config, data, code and
+drivers, whose hostname is `algo-N`, whose peers resolve as `algo-1..algo-N`, and whose network is
+the job's (the internet, or only what a VPC subnet routes to). The local cluster gives each of its
+simulated hosts the same view with Linux namespaces, no privileges needed (`unshare -r`, as the
+benchmarks already use):
+
+- a **user namespace** (we are "root" inside it, which lets us do the rest);
+- a **network namespace** per job, shared by its hosts, holding only a loopback interface: the
+  hosts reach each other and nothing else, as in the workshop's endpoints-only VPC or a job with
+  network isolation. A job that has a route to the internet gets a way out too: an HTTP CONNECT
+  proxy (`HTTPS_PROXY`, which pip, boto3 and urllib honour) served from this machine's network,
+  so its hosts still have a network of their own and SageMaker's fixed ports (7777 and up) never
+  meet another job's;
+- a **mount namespace** per host, in which the host's sandbox folder is mounted at `/opt/ml` and a
+  hosts file maps `algo-N` to `127.0.0.N` (every 127/8 address is local to the loopback
+  interface, so each host has an address of its own);
+- a **UTS namespace** per host, whose hostname is `algo-N`.
+
+So the SDK's generated `sm_train.sh` runs unchanged: it reads `/opt/ml/input/config`, writes
+`/opt/ml/input/sm_training.env`, `cd`s into `/opt/ml/input/data/code` and runs the driver, which
+builds `torchrun --master_addr=algo-1 --master_port=7777 ...` exactly as on SageMaker.
+
+Where Linux does not allow unprivileged namespaces (another OS, a hardened kernel, a container
+without them), `available()` says why and the local cluster falls back to plain processes with the
+master on 127.0.0.1, and says so.
+
+Entry points (run by the local cluster, not by hand):
+
+    python -m workshop.hostns hold [--net] [--proxy]  # holds the job's user (and network) namespace
+    python -m workshop.hostns host SPEC.json        # one simulated host: enter, mount, run
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import fcntl
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY = 0x1
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
+MNT_DETACH = 0x2
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+
+CONTAINER_ROOT = "/opt/ml"
+HOSTS_FILE = "/etc/hosts"
+# Loopback addresses of the simulated hosts: algo-N is 127.0.0.N (127/8 is all loopback on Linux).
+HOST_ADDRESS = "127.0.0.{}"
+GRACE_S = 10.0
+# Inside a job's private network: where its way out listens, for a job with a route to the internet.
+PROXY_PORT = 3128
+PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
+
+
+def proxy_env(hosts: list[str]) -> dict[str, str]:
+    """The variables that send a job's web traffic out through its namespace's proxy."""
+    no_proxy = ",".join(["localhost", "127.0.0.1", *hosts])
+    return {"HTTPS_PROXY": PROXY_URL, "HTTP_PROXY": PROXY_URL, "https_proxy": PROXY_URL,
+            "http_proxy": PROXY_URL, "NO_PROXY": no_proxy, "no_proxy": no_proxy}
+
+
+@lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc().unshare(flags), "unshare")
+
+
+def setns(path: str, nstype: int) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _check(_libc().setns(fd, nstype), f"setns {path}")
+    finally:
+        os.close(fd)
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
+    _check(_libc().mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+           f"mount {source} on {target}")
+
+
+def umount(target: str) -> None:
+    _check(_libc().umount2(target.encode(), MNT_DETACH), f"umount {target}")
+
+
+def sethostname(name: str) -> None:
+    data = name.encode()
+    _check(_libc().sethostname(data, len(data)), "sethostname")
+
+
+def map_root(uid: int, gid: int) -> None:
+    """Inside a new user namespace: be root there, mapped to our own uid/gid outside."""
+    with open("/proc/self/setgroups", "w") as f:
+        f.write("deny")
+    with open("/proc/self/uid_map", "w") as f:
+        f.write(f"0 {uid} 1")
+    with open("/proc/self/gid_map", "w") as f:
+        f.write(f"0 {gid} 1")
+
+
+def loopback_up() -> None:
+    """`ip link set lo up`, without iproute2: a new network namespace's loopback starts down."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+
+
+def hosts_file_text(hosts: list[str]) -> str:
+    """/etc/hosts of a simulated host: localhost, and algo-N at 127.0.0.N."""
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    for name in hosts:
+        lines.append(f"{host_address(name)}\t{name}")
+    # IPv4 peers of a dual-stack listener (torchrun's store) show as ::ffff:127.0.0.N; with these,
+    # their reverse lookup answers from this file instead of asking a DNS server the job cannot reach.
+    lines.append("::ffff:127.0.0.1\tlocalhost")
+    for name in hosts:
+        lines.append(f"::ffff:{host_address(name)}\t{name}")
+    return "\n".join(lines) + "\n"
+
+
+def host_address(name: str) -> str:
+    """algo-N -> 127.0.0.N (N up to 254)."""
+    number = int(name.rsplit("-", 1)[-1])
+    if not 1 <= number <= 254:
+        raise ValueError(f"host {name!r}: at most 254 simulated hosts have loopback addresses of their own")
+    return HOST_ADDRESS.format(number)
+
+
+# ----------------------------------------------------------------------------- can we?
+
+
+@lru_cache(maxsize=1)
+def available() -> tuple[bool, str]:
+    """Whether this machine lets an unprivileged process make the namespaces, and if not, why."""
+    if not sys.platform.startswith("linux"):
+        return False, f"Linux namespaces do not exist on {sys.platform}"
+    if not Path("/opt").is_dir() or not Path(HOSTS_FILE).is_file():
+        return False, "this system has no /opt folder or no /etc/hosts to stand in for"
+    probe = subprocess.run(
+        [sys.executable, "-m", "workshop.hostns", "probe"],
+        capture_output=True, text=True, timeout=60, env=_clean_env(),
+    )
+    if probe.returncode == 0 and probe.stdout.strip() == "ok":
+        return True, "user, network, mount and UTS namespaces"
+    reason = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
+    return False, f"this kernel refuses unprivileged namespaces ({reason})"
+
+
+def _clean_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _probe() -> int:
+    """In a child: every step a host takes, on a throwaway copy of /opt/ml."""
+    import tempfile
+
+    uid, gid = os.getuid(), os.getgid()
+    unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWUTS)
+    map_root(uid, gid)
+    loopback_up()
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    sethostname("algo-1")
+    with tempfile.TemporaryDirectory() as tmp:
+        hosts = Path(tmp) / "hosts"
+        hosts.write_text(hosts_file_text(["algo-1", "algo-2"]))
+        mount(str(hosts), HOSTS_FILE, None, MS_BIND)
+        sandbox = Path(tmp) / "sandbox"
+        sandbox.mkdir()
+        _mount_opt_ml(sandbox, Path(tmp) / "opt-stash")
+        (Path(CONTAINER_ROOT) / "probe").write_text("x")
+        assert (sandbox / "probe").read_text() == "x"
+        assert socket.gethostbyname("algo-2") == "127.0.0.2"
+        with socket.socket() as s:
+            s.bind(("127.0.0.2", 0))
+    print("ok")
+    return 0
+
+
+# ----------------------------------------------------------------------------- the job's namespaces
+
+
+class NamespaceHolder:
+    """A process holding the job's user namespace (and, with `net`, its private network).
+
+    Hosts join it with setns; it lives until `close()` (or until this process dies: it gets
+    SIGKILL then, and the namespaces live on only as long as a host is still in them).
+    """
+
+    def __init__(self, *, net: bool = True, proxy: bool = False, env: dict[str, str] | None = None):
+        self.net = net
+        cmd = [sys.executable, "-m", "workshop.hostns", "hold"] + (["--net"] if net else []) + (["--proxy"] if proxy else [])
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env or _clean_env(), preexec_fn=_die_with_parent, start_new_session=True,
+        )
+        line = self.proc.stdout.readline().decode().strip()
+        if line != "ready":
+            err = self.proc.stderr.read().decode().strip() if self.proc.poll() is not None else ""
+            self.close()
+            raise OSError(f"could not create the job's namespaces: {err or line or 'no answer'}")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream:
+                stream.close()
+
+
+def _die_with_parent(sig: int = signal.SIGKILL) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            _libc().prctl(1, sig)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def _hold(net: bool, proxy: bool) -> int:
+    """Make the namespaces; with `proxy`, also the job's way out (see `_egress`)."""
+    uid, gid = os.getuid(), os.getgid()
+    if proxy:
+        inside, outside = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        if os.fork() == 0:  # the child keeps this machine's network: it makes the outbound connections
+            inside.close()
+            _die_with_parent(signal.SIGKILL)
+            _egress(outside)
+            os._exit(0)
+        outside.close()
+    unshare(CLONE_NEWUSER | (CLONE_NEWNET if net else 0))
+    map_root(uid, gid)
+    if net:
+        loopback_up()
+    if proxy:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", PROXY_PORT))
+        listener.listen(64)
+
+        def hand_over() -> None:  # each connection's socket goes to the child, which serves it
+            while True:
+                conn, _ = listener.accept()
+                socket.send_fds(inside, [b"c"], [conn.fileno()])
+                conn.close()
+
+        threading.Thread(target=hand_over, daemon=True).start()
+    print("ready", flush=True)
+    sys.stdin.read()  # until the local cluster closes our stdin (or dies)
+    return 0
+
+
+def _egress(channel: socket.socket) -> None:
+    """An HTTP CONNECT proxy on this machine's network, for the sockets the job's namespace
+    hands over: a job with a route to the internet reaches it through `HTTPS_PROXY` (pip, boto3,
+    urllib honour it), while its hosts keep a network of their own (so SageMaker's fixed ports,
+    7777 and up, never meet another job's)."""
+    while True:
+        try:
+            _, fds, _, _ = socket.recv_fds(channel, 1, 1)
+        except OSError:
+            return
+        if not fds:
+            return  # the holder is gone
+        threading.Thread(target=_serve_connect, args=(socket.socket(fileno=fds[0]),), daemon=True).start()
+
+
+def _serve_connect(client: socket.socket) -> None:
+    upstream = None
+    try:
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 65536:
+            chunk = client.recv(4096)
+            if not chunk:
+                return
+            head += chunk
+        request, _, rest = head.partition(b"\r\n\r\n")
+        method, target, *_ = request.split(b"\r\n", 1)[0].decode("latin-1").split()
+        if method != "CONNECT":
+            client.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+            return
+        host, _, port = target.rpartition(":")
+        try:
+            upstream = socket.create_connection((host.strip("[]"), int(port)), timeout=30)
+        except OSError as exc:
+            client.sendall(f"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nX-Reason: {exc}\r\n\r\n".encode())
+            return
+        upstream.settimeout(None)
+        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        if rest:
+            upstream.sendall(rest)
+        _pipe(client, upstream)
+    except (OSError, ValueError):
+        pass
+    finally:
+        client.close()
+        if upstream is not None:
+            upstream.close()
+
+
+def _pipe(a: socket.socket, b: socket.socket) -> None:
+    def copy(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    other = threading.Thread(target=copy, args=(b, a), daemon=True)
+    other.start()
+    copy(a, b)
+    other.join()
+
+
+# ----------------------------------------------------------------------------- one host
+
+
+@dataclass
+class HostSpec:
+    """What one simulated host needs; written as JSON for `python -m workshop.hostns host`."""
+
+    hostname: str
+    sandbox: str  # mounted at /opt/ml
+    hosts_file: str  # mounted at /etc/hosts
+    command: list[str]
+    holder_pid: int
+    net: bool  # join the holder's private network (else: the machine's network)
+    stash: str  # an empty folder outside the sandbox, for the original /opt
+    start_delay_s: float = 0.0
+    cpus: list[int] = field(default_factory=list)  # CPU affinity of the host (empty: all)
+
+    def write(self, path: Path) -> Path:
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+
+def _mount_opt_ml(sandbox: Path, stash: Path) -> None:
+    """Mount `sandbox` at /opt/ml, leaving everything else in /opt where it was.
+
+    /opt/ml does not exist on this machine and we may not create it there, so: move the real /opt
+    aside (a bind mount into `stash`), put an empty tmpfs on /opt, mount each original entry back
+    into it, then add ml/.
+    """
+    opt = Path("/opt")
+    if (opt / "ml").is_dir():  # a machine that has one (a SageMaker notebook instance): mount over it
+        mount(str(sandbox), CONTAINER_ROOT, None, MS_BIND | MS_REC)
+        return
+    stash.mkdir(parents=True, exist_ok=True)
+    mount(str(opt), str(stash), None, MS_BIND | MS_REC)
+    mount("tmpfs", str(opt), "tmpfs", 0, "mode=755")
+    for entry in sorted(stash.iterdir()):
+        target = opt / entry.name
+        if entry.is_symlink():
+            target.symlink_to(os.readlink(entry))
+            continue
+        if entry.is_dir():
+            target.mkdir()
+        else:
+            target.touch()
+        mount(str(entry), str(target), None, MS_BIND | MS_REC)
+    (opt / "ml").mkdir()
+    mount(str(sandbox), CONTAINER_ROOT, None, MS_BIND | MS_REC)
+    umount(str(stash))
+
+
+def _enter(spec: HostSpec) -> None:
+    setns(f"/proc/{spec.holder_pid}/ns/user", CLONE_NEWUSER)
+    if spec.net:
+        setns(f"/proc/{spec.holder_pid}/ns/net", CLONE_NEWNET)
+    unshare(CLONE_NEWNS | CLONE_NEWUTS)
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    sethostname(spec.hostname)
+    mount(spec.hosts_file, HOSTS_FILE, None, MS_BIND)
+    _mount_opt_ml(Path(spec.sandbox), Path(spec.stash))
+    if spec.cpus:
+        os.sched_setaffinity(0, spec.cpus)
+
+
+_child: subprocess.Popen | None = None
+_PARENT = os.getppid()
+
+
+def _on_sigterm(signum, frame):  # noqa: ARG001
+    """Forward to the host's whole process group; if the local cluster died, sweep for it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+        if os.getppid() != _PARENT:
+            from workshop.run_driver import _sweep_run
+
+            _sweep_run(GRACE_S)
+    finally:
+        os._exit(128 + signum)
+
+
+def _host(spec_path: str) -> int:
+    global _child
+    spec = HostSpec(**json.loads(Path(spec_path).read_text()))
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        _enter(spec)
+    except OSError as exc:
+        print(f"[hostns] {spec.hostname}: cannot set up the simulated host: {exc}", flush=True)
+        return 70
+    if spec.start_delay_s > 0:
+        print(f"[hostns] {spec.hostname}: starting {spec.start_delay_s:g} s after the first host "
+              "(simulated start skew: SageMaker's instances come up at different times)", flush=True)
+        time.sleep(spec.start_delay_s)
+    _child = subprocess.Popen(spec.command, cwd=CONTAINER_ROOT, stdin=subprocess.DEVNULL)
+    return _child.wait()
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["probe"]:
+        return _probe()
+    if argv[:1] == ["hold"]:
+        return _hold("--net" in argv[1:], "--proxy" in argv[1:])
+    if argv[:1] == ["host"] and len(argv) == 2:
+        code = _host(argv[1])
+        return code if code >= 0 else 128 - code
+    print(__doc__.split("Entry points")[1], file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -87,6 +87,7 @@ LOG_GROUP = "/aws/sagemaker/TrainingJobs"  # what workshop.sagemaker_jobs reads
 CONTAINER_ROOT = "/opt/ml"
 DRIVERS_IN_CONTAINER = "/opt/ml/input/data/sm_drivers/"
 RESERVED_CHANNELS = ("code", "sm_drivers")
+DEFAULT_START_SKEW_S = 2.0
 FAILURE_REASON_MAX = 1024  # DescribeTrainingJob's FailureReason is at most 1024 characters
 _LOG_BATCH = 1000  # events per PutLogEvents call (CloudWatch allows 10,000 and 1 MB)
 _ISOLATE_PREFIXES = ("AWS_ENDPOINT_URL", "AWS_CONTAINER_")
@@ -116,6 +117,8 @@ class JobRun:
     model_artifact: str | None = None
     wall_time_s: float = 0.0
     workdir: str = ""
+    network: str = ""  # what the job's hosts could reach
+    runtime: str = ""  # the local cluster's runtime: "container" (sm_train.sh, algo-N) or "process"
 
 
 class _JobError(Exception):
@@ -175,8 +178,13 @@ class FakeSageMaker:
     as `WORKSHOP_ROLE_ARN`; `jobs` lists what it ran.
     """
 
-    def __init__(self, region: str = REGION, *, workdir: str | os.PathLike[str] | None = None, keep_runs: bool = False):
+    def __init__(self, region: str = REGION, *, workdir: str | os.PathLike[str] | None = None, keep_runs: bool = False,
+                 start_skew_s: float | None = None):
         self.region = region
+        # Instances of one job finish their set-up at different times: the last host starts this
+        # late (env FAKE_SAGEMAKER_START_SKEW_S, default 2 s, so every multi-host job in CI meets it).
+        self.start_skew_s = float(os.environ.get("FAKE_SAGEMAKER_START_SKEW_S", DEFAULT_START_SKEW_S)
+                                  if start_skew_s is None else start_skew_s)
         self._workdir_arg = Path(workdir) if workdir else None
         self.keep_runs = keep_runs
         self.root: Path | None = None
@@ -217,25 +225,20 @@ class FakeSageMaker:
             "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS": "true",
             "SAGEMAKER_USER_CONFIG_OVERRIDE": str(sdk_config),
             "SAGEMAKER_ADMIN_CONFIG_OVERRIDE": str(sdk_config),
-            # The SDK checks the role with iam:SimulatePrincipalPolicy, which moto lacks.
-            "SAGEMAKER_VALIDATE_ROLE": "false",
         }.items():
             self._setenv(key, value)
+        # The SDK's role validation stays on: iam:SimulatePrincipalPolicy, which moto lacks, is
+        # answered by tests/fake_aws_apis.py from the role's real policy documents.
+        self._setenv("SAGEMAKER_VALIDATE_ROLE", None)
 
         self._mock = mock_aws()
         self._mock.start()
         try:
-            iam = boto3.Session(region_name=self.region).client("iam")
-            trust = {
-                "Version": "2012-10-17",
-                "Statement": [
-                    {"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}, "Action": "sts:AssumeRole"}
-                ],
-            }
-            role = iam.create_role(
-                RoleName=ROLE_NAME, AssumeRolePolicyDocument=json.dumps(trust), Description="fake_sagemaker"
-            )
-            self.role_arn = role["Role"]["Arn"]
+            import fake_aws_apis
+
+            fake_aws_apis.install()
+            fake_aws_apis.on_stop = None
+            self.role_arn = self._create_role(boto3.Session(region_name=self.region))
             self._setenv("WORKSHOP_ROLE_ARN", self.role_arn)
             self._install_hook()
         except BaseException:
@@ -249,12 +252,33 @@ class FakeSageMaker:
         )
         return self
 
+    @staticmethod
+    def _create_role(boto: Any) -> str:
+        """The attendee's execution role: the workshop's own least-privilege policy
+        (`workshop.infra.role_policy`, for this user, bucket and key prefix), which the SDK's role
+        validation then checks as it would in a real account."""
+        from workshop import aws, infra
+
+        iam = boto.client("iam")
+        role = iam.create_role(RoleName=ROLE_NAME, AssumeRolePolicyDocument=json.dumps(infra.trust_policy()),
+                               Description="fake_sagemaker: the workshop's least-privilege training role")
+        account = boto.client("sts").get_caller_identity()["Account"]
+        session = aws.sagemaker_session(boto)
+        policy = infra.role_policy(region=boto.region_name, account=account, bucket=aws.sdk_bucket(session),
+                                   key_prefix=aws.sdk_key_prefix(session))
+        iam.put_role_policy(RoleName=ROLE_NAME, PolicyName="workshop-training", PolicyDocument=json.dumps(policy))
+        return role["Role"]["Arn"]
+
     def stop(self) -> None:
         global _ACTIVE
         if _ACTIVE is not self:
             return
         _ACTIVE = None
         self._remove_hook()
+        with contextlib.suppress(Exception):
+            import fake_aws_apis
+
+            fake_aws_apis.uninstall()
         with contextlib.suppress(Exception):
             self._mock.stop()
         self._restore_env()
@@ -298,6 +322,7 @@ class FakeSageMaker:
             keys = (
                 "TrainingJobName", "HyperParameters", "AlgorithmSpecification", "InputDataConfig",
                 "OutputDataConfig", "ResourceConfig", "StoppingCondition", "CheckpointConfig", "Environment",
+                "VpcConfig", "EnableNetworkIsolation",
             )
             # Copied before moto's backend sees it: moto replaces the MetricDefinitions.
             request = {key: copy.deepcopy(response._get_param(key)) for key in keys}
@@ -369,7 +394,7 @@ class FakeSageMaker:
         _say(f"job {run.name} {status} after {run.wall_time_s:.1f} s" + (f": {reason}" if reason else ""))
 
     def _run(self, job: Any, request: dict[str, Any], run: JobRun, boto: Any, transitions: list) -> tuple[str, str, str | None]:
-        from workshop.local_cluster import LocalCluster
+        from workshop.local_cluster import LocalCluster, choose_runtime
         from workshop.metrics import CLUSTER_PREFIX
 
         name = run.name
@@ -457,7 +482,16 @@ class FakeSageMaker:
             distributed, procs = None, 1  # the basic script driver (LocalCluster's own copy of it)
         hyperparameters = {k: safe_deserialize(v) for k, v in (request.get("HyperParameters") or {}).items()}
         environment = dict(request.get("Environment") or {})
-        dropped = sorted(k for k, v in environment.items() if str(v).startswith(CONTAINER_ROOT))
+        spec = request.get("AlgorithmSpecification") or {}
+        command = list(spec.get("ContainerEntrypoint") or []) + list(spec.get("ContainerArguments") or [])
+        if not command:
+            raise _JobError("ClientError: the request sets no ContainerEntrypoint: fake_sagemaker runs SDK v3 "
+                            "`source_code` jobs, whose entrypoint runs sm_train.sh.")
+        internet, network = self._internet_route(request, boto)
+        container = choose_runtime("auto")[0] == "container"  # the choice the cluster below makes
+        # Paths into /opt/ml are right inside the container runtime; the process runtime has no
+        # /opt/ml and sets those variables to each host's sandbox itself.
+        dropped = [] if container else sorted(k for k, v in environment.items() if str(v).startswith(CONTAINER_ROOT))
         extra_env = {k: str(v) for k, v in environment.items() if k not in dropped}
         extra_env["TRAINING_JOB_NAME"] = name  # SageMaker's value, not the local cluster's run name
         checkpoint = request.get("CheckpointConfig") or {}
@@ -469,6 +503,7 @@ class FakeSageMaker:
         max_run = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
         run.hosts, run.procs_per_host, run.hyperparameters = hosts, procs, hyperparameters
         run.driver = str(Path(drivers[0]))
+        run.network = network
 
         # --- the run
         transitions[-1]["EndTime"] = _now()
@@ -478,6 +513,7 @@ class FakeSageMaker:
             f"{distributed.name + ' driver' if distributed else 'basic script driver'} ({run.driver}) "
             f"from the uploaded sm_drivers, {entry_script} from the uploaded code, hyperparameters "
             f"{json.dumps(hyperparameters)}, channels {sorted(local_channels)}"
+            + f"; network: {network}; hosts start up to {self.start_skew_s:g} s apart"
             + (f"; not passed (container paths): {', '.join(dropped)}" if dropped else "")
         )
         start_epoch = int(time.time())
@@ -485,6 +521,9 @@ class FakeSageMaker:
             cluster = LocalCluster(
                 code_dir, entry_script, hosts=hosts, procs_per_host=procs, distributed=distributed,
                 name=name, workdir=workdir / "hosts", extra_env=extra_env, echo=False,
+                internet=internet, start_skew_s=self.start_skew_s if hosts > 1 else 0.0,
+                sm_drivers_dir=drivers_dir, container_command=command,
+                instance_type=resource.get("InstanceType"),
             )
             result = cluster.run(
                 hyperparameters, local_channels, checkpoint_dir=checkpoint_dir,
@@ -492,6 +531,7 @@ class FakeSageMaker:
             )
         except Exception as exc:  # WorkshopError: e.g. no such entry script in the code channel
             raise _JobError(f"AlgorithmError: {exc}") from None
+        run.runtime = result.runtime
 
         # --- logs out, as SageMaker shows them: one stream per host, no local prefixes
         per_host: dict[str, list[str]] = {host.name: [] for host in result.hosts}
@@ -539,6 +579,31 @@ class FakeSageMaker:
         if timed_out:
             return "Stopped", "MaxRuntimeExceeded", f"Training job reached its MaxRuntimeInSeconds of {max_run} s."
         return "Failed", "Failed", "AlgorithmError: " + _failure_text(result)
+
+    @staticmethod
+    def _internet_route(request: dict[str, Any], boto: Any) -> tuple[bool, str]:
+        """Whether the job's hosts can reach the internet, as SageMaker decides it: not with network
+        isolation; in a VPC only through a 0.0.0.0/0 route (NAT or internet gateway) in the route
+        table of its subnets (explicitly associated, else the VPC's main table); without a VPC, yes."""
+        if request.get("EnableNetworkIsolation"):
+            return False, "none (network isolation)"
+        subnets = (request.get("VpcConfig") or {}).get("Subnets") or []
+        if not subnets:
+            return True, "internet (no VPC)"
+        ec2 = boto.client("ec2")
+        routed = []
+        for subnet_id in subnets:
+            tables = ec2.describe_route_tables(Filters=[{"Name": "association.subnet-id", "Values": [subnet_id]}])["RouteTables"]
+            if not tables:
+                vpc_id = ec2.describe_subnets(SubnetIds=[subnet_id])["Subnets"][0]["VpcId"]
+                tables = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc_id]},
+                                                            {"Name": "association.main", "Values": ["true"]}])["RouteTables"]
+            routes = [r for t in tables for r in t.get("Routes", []) if r.get("DestinationCidrBlock") == "0.0.0.0/0"
+                      and (r.get("NatGatewayId") or str(r.get("GatewayId", "")).startswith("igw-"))]
+            routed.append(bool(routes))
+        if all(routed):
+            return True, f"internet (VPC subnets {', '.join(subnets)} route 0.0.0.0/0 out)"
+        return False, f"only the job's hosts (VPC subnets {', '.join(subnets)} have no route to the internet)"
 
     def _put_logs(self, boto: Any, name: str, per_host: dict[str, list[str]], start_epoch: int) -> None:
         logs = boto.client("logs")

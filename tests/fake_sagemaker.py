@@ -25,20 +25,30 @@ it was given, on `workshop.local_cluster.LocalCluster`, from what the SDK upload
    `sm_train.sh` would), `sm_drivers` (next to it: `sm_train.sh`, `sourcecode.json`,
    `distributed.json`, and the SDK's `container_drivers` tree, `__pycache__` included) and the
    data channels.
-3. **The same drivers and script.** The driver is the one `sm_train.sh` runs
-   (`.../sm_drivers/distributed_drivers/<driver>.py`), from the downloaded `sm_drivers`; its
-   `SM_DISTRIBUTED_CONFIG` is `distributed.json` as uploaded (for `Torchrun`,
-   `Torchrun.model_dump()`); the entry script is `sourcecode.json`'s. Hosts are
-   `ResourceConfig.InstanceCount`; processes per host are `process_count_per_node`, and when
-   it is null (SageMaker: one per GPU) 1, since the simulated hosts have no GPU. The
-   hyperparameters (strings in the request) are decoded as the SDK's `environment.py` does
-   (`safe_deserialize`: JSON if it parses, else the string), so the driver builds the same
-   command line (`--epochs 3`). The request's `Environment` is passed to every host, except
-   values pointing into `/opt/ml` (e.g. `SM_CHECKPOINT_DIR`): each simulated host's sandbox
-   stands in for `/opt/ml`, and the local cluster sets those to the sandbox's paths.
+3. **The container, as the SDK set it up.** The local cluster's container runtime
+   (`workshop.hostns`) gives each simulated host the downloaded channels under its own
+   `/opt/ml`, the hostname `algo-N` (peers resolve as `algo-1..N` at 127.0.0.N) and runs the
+   request's `ContainerEntrypoint` + `ContainerArguments`, i.e. the uploaded `sm_train.sh`:
+   the SDK's `environment.py` writes `/opt/ml/input/sm_training.env` from the request's
+   configs, the script `cd`s into the code, installs requirements if the SDK asked it to, and
+   runs the uploaded driver (`SM_MASTER_ADDR=algo-1`, `SM_MASTER_PORT=7777`). Hosts are
+   `ResourceConfig.InstanceCount` and say they are its `InstanceType`; processes per host are
+   `process_count_per_node`, or, when it is null (SageMaker: one per GPU), what the driver
+   finds: no GPU here, so 1. Hosts start up to `start_skew_s` apart (default 2 s,
+   `FAKE_SAGEMAKER_START_SKEW_S`), as instances finish their set-up at different times. The
+   request's `Environment` reaches every host. The network is the job's: with
+   `EnableNetworkIsolation`, or in VPC subnets whose route table has no 0.0.0.0/0 route to a
+   NAT or internet gateway (read from moto's EC2), the hosts reach only each other; otherwise
+   they reach the internet (through an HTTPS proxy: `workshop.hostns`).
    `CheckpointConfig.S3Uri` is synced into the hosts' checkpoint folders before the run and
-   back after it. `MaxRuntimeInSeconds` is the run's time limit.
-4. **Logs, metrics, model out.** Each host's lines go to CloudWatch Logs group
+   back after it. `MaxRuntimeInSeconds` is the run's time limit. Where Linux does not allow
+   unprivileged namespaces the local cluster's process runtime runs instead (the driver
+   directly, master on 127.0.0.1, no network isolation) and `JobRun.runtime` says so.
+4. **IAM as the SDK meets it.** The SDK's role validation stays on (`SAGEMAKER_VALIDATE_ROLE`
+   unset): `tests/fake_aws_apis.py` answers `iam:SimulatePrincipalPolicy` from the role's
+   policy documents, and the fake's role carries the workshop's own least-privilege policy
+   (`workshop.infra.role_policy`). `StopTrainingJob` exists (`fake_aws_apis`).
+5. **Logs, metrics, model out.** Each host's lines go to CloudWatch Logs group
    `/aws/sagemaker/TrainingJobs`, stream `<job>/algo-N-<epoch seconds>`, as a real job shows
    them: without the local cluster's `[host/rank]` prefix and without torchrun's
    `[defaultN]:` tag. `FinalMetricDataList` is the last value each of the request's
@@ -48,17 +58,16 @@ it was given, on `workshop.local_cluster.LocalCluster`, from what the SDK upload
    file, else the local cluster's report) when the run fails; `Stopped`
    (`MaxRuntimeExceeded`) past its time limit.
 
-What it does **not** simulate: containers and images (`TrainingImage` is recorded, never
-pulled: the job runs in this Python environment, and `requirements.txt` is not installed),
-instance types (every host says `SM_CURRENT_INSTANCE_TYPE=local`, shares this machine's CPUs,
-and has no GPU, so smddp/NCCL paths are never taken), the hosts' names on the network (the
-master is 127.0.0.1, not algo-1), VPC and network isolation, IAM (the role is created so the
-SDK finds one, but nothing is enforced, and `SAGEMAKER_VALIDATE_ROLE=false` skips the SDK's
-check, which moto cannot answer), KMS, spot, warm pools, retries, instance groups, Pipe
-mode, sharded or manifest channels, `SourceCode.command`, uncompressed model output,
-CloudWatch metrics (only the final values in DescribeTrainingJob), StopTrainingJob (moto
-lacks it), the InProgress phase (the job has ended before CreateTrainingJob returns), and
-billing. Nothing leaves this process: moto intercepts every AWS call in it.
+What it does **not** simulate: the image itself (`TrainingImage` is recorded, never pulled:
+the job runs in this Python environment, and `JobRun.image_framework` says whether the image's
+framework version is the one installed here), GPUs (no host has one, so NCCL/smddp paths are
+never taken), IAM permissions of the job itself (the role is validated as the SDK does, but the
+job's own S3 and log access is not checked against it), KMS, spot, warm pools, retries,
+instance groups, Pipe mode, sharded or manifest channels, `SourceCode.command`, uncompressed
+model output, CloudWatch metrics (only the final values in DescribeTrainingJob), the
+InProgress phase (the job has ended before CreateTrainingJob returns), and billing. Nothing
+leaves this process's AWS calls: moto intercepts every one of them. tests/README.md has the
+whole list of what CI proves and what it does not.
 """
 
 from __future__ import annotations
@@ -118,6 +127,8 @@ class JobRun:
     wall_time_s: float = 0.0
     workdir: str = ""
     network: str = ""  # what the job's hosts could reach
+    # "pytorch 2.13 (image) = 2.13.0 (here)" or "... != ...: not verified here"
+    image_framework: str = ""
     runtime: str = ""  # the local cluster's runtime: "container" (sm_train.sh, algo-N) or "process"
 
 
@@ -504,6 +515,7 @@ class FakeSageMaker:
         run.hosts, run.procs_per_host, run.hyperparameters = hosts, procs, hyperparameters
         run.driver = str(Path(drivers[0]))
         run.network = network
+        run.image_framework = image_framework_note(((request.get("AlgorithmSpecification") or {}).get("TrainingImage")) or "")
 
         # --- the run
         transitions[-1]["EndTime"] = _now()
@@ -513,7 +525,7 @@ class FakeSageMaker:
             f"{distributed.name + ' driver' if distributed else 'basic script driver'} ({run.driver}) "
             f"from the uploaded sm_drivers, {entry_script} from the uploaded code, hyperparameters "
             f"{json.dumps(hyperparameters)}, channels {sorted(local_channels)}"
-            + f"; network: {network}; hosts start up to {self.start_skew_s:g} s apart"
+            + f"; network: {network}; hosts start up to {self.start_skew_s:g} s apart; {run.image_framework}"
             + (f"; not passed (container paths): {', '.join(dropped)}" if dropped else "")
         )
         start_epoch = int(time.time())
@@ -619,6 +631,33 @@ class FakeSageMaker:
 
 
 # ---------------------------------------------------------------------- helpers
+
+# Image repositories -> the framework they carry (the tag's first field is its version).
+_IMAGE_FRAMEWORKS = {
+    "pytorch-training": "torch", "pytorch": "torch", "smdistributed-modelparallel": "torch",
+    "tensorflow-training": "tensorflow",
+}
+
+
+def image_framework_note(image_uri: str) -> str:
+    """Whether the job's image carries the framework version this environment runs it with.
+
+    `...pytorch-training:2.9-gpu-py312` -> torch 2.9 in the image; compared with the installed
+    torch (major.minor). A job whose image carries another version runs here with this one, so
+    what it proves about that image is limited: the note says so."""
+    match = re.search(r"/([a-z0-9-]+):(\d+\.\d+)(?:\.\d+)?-", image_uri)
+    if not match or match.group(1) not in _IMAGE_FRAMEWORKS:
+        return f"image {image_uri or '(none)'}: its framework is not known to the fake; not compared"
+    module = _IMAGE_FRAMEWORKS[match.group(1)]
+    try:
+        from importlib.metadata import version
+
+        here = version("torch" if module == "torch" else "tensorflow")
+    except Exception:  # noqa: BLE001
+        return f"{module} {match.group(2)} in the image; not installed here"
+    same = ".".join(here.split("+")[0].split(".")[:2]) == match.group(2)
+    verdict = "the same" if same else "NOT the same: what this job shows about that image is not verified here"
+    return f"{module} {match.group(2)} in the image, {here} here: {verdict}"
 
 
 def _read_text(path: Path) -> str:

@@ -124,3 +124,17 @@ def test_a_vpc_without_a_route_out_has_no_pypi(fake: Any, tmp_path: Path) -> Non
     assert fake.jobs[-1].network.startswith("internet (VPC subnets")
     assert rank_env(fake, 0)["interfaces"] == ["lo"]  # a network of its own ...
     assert rank_env(fake, 0)["HTTPS_PROXY"].startswith("http://127.0.0.1:")  # ... with a way out
+
+
+@pytest.mark.parametrize(("image", "same"), [
+    ("763104351884.dkr.ecr.us-east-1.amazonaws.com/tensorflow-training:2.21-cpu-py312", True),
+    ("658645717510.dkr.ecr.us-east-1.amazonaws.com/smdistributed-modelparallel:2.5.1-gpu-py311-cu124", False),
+    ("763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.9-gpu-py312", False),
+])
+def test_the_fake_says_whether_the_image_carries_the_framework_it_runs_with(image: str, same: bool) -> None:
+    """A job runs here with this environment's torch/TensorFlow; the fake says when that is not
+    the image's version (then the job proves nothing about that image's framework)."""
+    import fake_sagemaker
+
+    note = fake_sagemaker.image_framework_note(image)
+    assert ("the same" in note and "NOT" not in note) == same, note

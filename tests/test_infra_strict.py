@@ -266,6 +266,12 @@ def test_role_preflight_and_cleanup_follow_the_bucket_and_prefix_the_sdk_uses(
     role = infra.ensure_role(boto)
     trainer = _trainer(role.arn)  # the SDK's role validation on
     assert sj.data_prefix() == f"{TEAM_PREFIX}/{aws.WORKSHOP_NAME}/{USER}/data/mnist"
+    from workshop import (
+        model_parallel,  # lab 4's corpus sits under the same prefix, where the role reads
+    )
+
+    assert model_parallel.data_prefix() == f"{TEAM_PREFIX}/{aws.WORKSHOP_NAME}/{USER}/data/pydoc-corpus"
+    assert any(model_parallel.data_prefix().startswith(p) for p in infra.s3_prefixes())
     inputs = {c: f"s3://{TEAM_BUCKET}/{sj.data_prefix()}/{c}" for c in ("train", "test")}
     for uri in inputs.values():
         s3.put_object(Bucket=TEAM_BUCKET, Key=f"{uri.split('/', 3)[3]}/mnist.npz", Body=b"x")

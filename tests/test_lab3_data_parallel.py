@@ -26,10 +26,13 @@ def flags(hps: dict) -> list[str]:
     return [x for k, v in hps.items() for x in (f"--{k}", str(v))]
 
 
-def run_script(cmd: list[str], tmp_path: Path, channels, extra: dict) -> subprocess.CompletedProcess:
+def run_script(cmd: list[str], tmp_path: Path, channels, extra: dict, env: dict | None = None) -> subprocess.CompletedProcess:
     args = flags({**extra, "train": channels["train"], "test": channels["test"],
                   "model-dir": tmp_path / "model", "checkpoint-dir": tmp_path / "ckpt"})
-    return subprocess.run(cmd + [str(SCRIPT)] + args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    if env:
+        env = {**{k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}, **env}
+    return subprocess.run(cmd + [str(SCRIPT)] + args, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=env or None)
 
 
 def test_runs_alone_with_no_launcher(tmp_path, channels):
@@ -135,3 +138,31 @@ def test_backend_choice(monkeypatch):
     assert script.choose_backend("auto", cuda=True)[0] == "nccl"
     with pytest.raises(RuntimeError, match="library is not installed"):
         script.choose_backend("smddp", cuda=True)
+
+
+def test_gloo_binds_to_sagemakers_network_interface(monkeypatch):
+    """Issue 11, defect 6: on CPU hosts, gloo uses SM_NETWORK_INTERFACE_NAME instead of guessing."""
+    script = LAB.load_script()
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "")  # recorded, so whatever the script sets is undone
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    monkeypatch.setenv("SM_NETWORK_INTERFACE_NAME", "eth0")
+    assert script.set_gloo_interface("nccl") is None and "GLOO_SOCKET_IFNAME" not in os.environ
+    assert script.set_gloo_interface("gloo") == "eth0" and os.environ["GLOO_SOCKET_IFNAME"] == "eth0"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ens5")  # set by the user: left alone
+    assert script.set_gloo_interface("gloo") is None and os.environ["GLOO_SOCKET_IFNAME"] == "ens5"
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    monkeypatch.delenv("SM_NETWORK_INTERFACE_NAME")
+    assert script.set_gloo_interface("gloo") is None and "GLOO_SOCKET_IFNAME" not in os.environ
+    calls = [line for line in SCRIPT.read_text().splitlines() if "set_gloo_interface(backend)" in line]
+    assert len(calls) == 1 and "# DDP:" in calls[0]  # one of the lines that make it distributed
+
+
+def test_gloo_really_uses_the_interface_sagemaker_names(tmp_path, channels):
+    env = {"SM_NETWORK_INTERFACE_NAME": "lo"}
+    proc = run_script([str(BIN / "torchrun"), "--nproc-per-node", "2"], tmp_path, channels, QUICK, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["gloo_socket_ifname"] == "lo"
+    # An interface the host lacks fails in gloo itself: the variable reaches it.
+    bad = run_script([str(BIN / "torchrun"), "--nproc-per-node", "2"], tmp_path, channels, QUICK,
+                     env={"SM_NETWORK_INTERFACE_NAME": "nosuch0"})
+    assert bad.returncode != 0 and "nosuch0" in bad.stderr

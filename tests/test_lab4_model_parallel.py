@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -141,7 +142,7 @@ def test_sagemaker_smp_request(corpus):
 
     smp = SMP(hybrid_shard_degree=8, sm_activation_offloading=True, activation_loading_horizon=2)
     request = run_on_sagemaker(route="smp", smp=smp, hosts=2, hyperparameters={"steps": 10}, max_run_s=1200,
-                               data_dir=corpus.root, dry_run=True, region="us-east-1")
+                               data_dir=corpus.root, dry_run=True, region="us-east-1", allow_unsupported_image=True)
     image = request["AlgorithmSpecification"]["TrainingImage"]
     assert image == "658645717510.dkr.ecr.us-east-1.amazonaws.com/smdistributed-modelparallel:2.5.1-gpu-py311-cu124"
     assert request["ResourceConfig"]["InstanceType"] == "ml.p4d.24xlarge"
@@ -154,22 +155,34 @@ def test_sagemaker_smp_request(corpus):
 
 
 def test_sagemaker_plain_fsdp_request(corpus):
-    request = run_on_sagemaker(route="fsdp", hosts=1, hyperparameters={"sharding": "full_shard"},
+    request = run_on_sagemaker(route="fsdp", hosts=2, hyperparameters={"sharding": "full_shard"},
                                data_dir=corpus.root, dry_run=True, region="us-east-1")
-    assert request["AlgorithmSpecification"]["TrainingImage"].endswith("pytorch-training:2.9-gpu-py312")
-    assert request["ResourceConfig"]["InstanceType"] == "ml.g5.12xlarge"
+    # The PyTorch the project pins (torch 2.13), so what CI runs locally is what the job runs.
+    assert request["AlgorithmSpecification"]["TrainingImage"] == (
+        "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch:2.13-cu133-amzn2023-sagemaker")
+    assert request["ResourceConfig"]["InstanceType"] == "ml.g5.xlarge"
+    assert request["ResourceConfig"]["InstanceCount"] == 2
     assert json.loads(request.sm_drivers["distributed.json"])["smp"] is None
     assert request["StoppingCondition"]["MaxRuntimeInSeconds"] == 1800
+
+
+def test_the_smp_route_is_opt_in(corpus):
+    """Its image (PyTorch 2.5.1) is past end of patch: refused unless asked for by name."""
+    with pytest.raises(WorkshopError, match="end of patch on 2025-10-29") as info:
+        run_on_sagemaker(route="smp", hosts=2, data_dir=corpus.root, dry_run=True, region="us-east-1")
+    assert "route='fsdp'" in info.value.fix and "allow_unsupported_image=True" in info.value.fix
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"route": "fsdp", "smp": {"hybrid_shard_degree": 2}}, "does not have the SageMaker model-parallel library"),
-        ({"route": "smp", "instance_type": "ml.g5.12xlarge"}, "SMP v2 does not run on ml.g5.12xlarge"),
+        ({"route": "smp", "instance_type": "ml.g5.12xlarge", "allow_unsupported_image": True},
+         "SMP v2 does not run on ml.g5.12xlarge"),
         ({"route": "fsdp", "instance_type": "ml.c5.2xlarge", "hyperparameters": {"activation-offloading": "cpu"}},
          "has no GPU"),
-        ({"route": "smp", "smp": {"hybrid_shard_degree": 3}}, "does not divide the world size 16"),
+        ({"route": "smp", "smp": {"hybrid_shard_degree": 3}, "allow_unsupported_image": True},
+         "does not divide the world size 16"),
     ],
 )
 def test_sagemaker_bad_input(corpus, kwargs, message):
@@ -177,7 +190,9 @@ def test_sagemaker_bad_input(corpus, kwargs, message):
         run_on_sagemaker(hosts=2, data_dir=corpus.root, dry_run=True, region="us-east-1", **kwargs)
 
 
-def test_cli_dry_run_uses_the_corpus_and_the_smp_image(monkeypatch, tmp_path, capsys):
+def test_cli_dry_run_default_is_plain_fsdp_and_costs_a_few_dollars(monkeypatch, tmp_path, capsys):
+    """Issue 11, defect 4: the default SageMaker run of a few-million-parameter model costs at
+    most a few dollars (it was 2 x ml.p4d.24xlarge, up to $37.69)."""
     from conftest import isolate_aws
 
     from workshop.__main__ import main as cli_main
@@ -187,5 +202,46 @@ def test_cli_dry_run_uses_the_corpus_and_the_smp_image(monkeypatch, tmp_path, ca
                      "--data-dir", str(tmp_path / "corpus")])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "smdistributed-modelparallel:2.5.1-gpu-py311-cu124" in out
+    assert "cost: at most $1.41 = 2 x ml.g5.xlarge x $1.408/h x 0.5 h" in out
+    assert "pytorch:2.13-cu133-amzn2023-sagemaker" in out
     assert (tmp_path / "corpus" / "train").is_dir()  # the text corpus, not MNIST
+
+
+def test_cli_smp_route_needs_the_explicit_opt_in(monkeypatch, tmp_path, capsys):
+    from conftest import isolate_aws
+
+    from workshop.__main__ import main as cli_main
+
+    isolate_aws(monkeypatch, tmp_path, "Alice Example")
+    base = ["run", "4_model_parallel", "--mode", "sagemaker", "--dry-run", "--route", "smp",
+            "--data-dir", str(tmp_path / "corpus")]
+    assert cli_main(base) == 2
+    assert "--allow-unsupported-image" in capsys.readouterr().err
+    assert cli_main([*base, "--allow-unsupported-image"]) == 0
+    out = capsys.readouterr().out
+    assert "smdistributed-modelparallel:2.5.1-gpu-py311-cu124" in out and "WARNING" in out
+
+
+def test_gloo_binds_to_sagemakers_network_interface(monkeypatch):
+    """Issue 11, defect 6: the same helper as lab 3's (each code/ folder ships its own copy)."""
+    import inspect
+
+    script = LAB.load_script()
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "")  # recorded, so whatever the script sets is undone
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    monkeypatch.setenv("SM_NETWORK_INTERFACE_NAME", "eth0")
+    assert script.set_gloo_interface("nccl") is None and "GLOO_SOCKET_IFNAME" not in os.environ
+    assert script.set_gloo_interface("gloo") == "eth0"
+    calls = [line for line in SCRIPT.read_text().splitlines() if "set_gloo_interface(backend)" in line]
+    assert len(calls) == 1 and "# DIST:" in calls[0]
+    lab3 = get_lab("data_parallel").load_script()
+    assert inspect.getsource(script.set_gloo_interface) == inspect.getsource(lab3.set_gloo_interface)
+
+
+def test_two_hosts_on_gloo_use_the_hosts_interface(corpus, tmp_path):
+    result = run_local(LAB, hosts=2, procs_per_host=1, hyperparameters={**TINY, "steps": 2},
+                       workdir=tmp_path / "run", data_dir=corpus.root, echo=False)
+    config = json.loads((result.model_dir / "config.json").read_text())
+    assert config["backend"] == "gloo"
+    assert config["gloo_socket_ifname"] == json.loads(
+        (result.hosts[0].sandbox.config_dir / "resourceconfig.json").read_text())["network_interface_name"]

@@ -38,8 +38,11 @@ OVERRIDES: dict[str, str] = {
     # The traffic check is local in both modes and is checked in local mode already: keep it short.
     "2_horovod": "traffic_ranks = (2,)\ntraffic_mib = 16\n",
     # The fake runs one CPU process per host (2 in all), not 8 GPUs per p4d: shard over those 2,
-    # with a tiny model and few steps; the grid of measurements shrinks to N = 1, 2.
+    # with a tiny model and few steps; the grid of measurements shrinks to N = 1, 2. Both routes run:
+    # the default (plain FSDP) and the opt-in SMP route, so that no cell goes unexecuted.
     "4_model_parallel": (
+        'sagemaker_routes = ("fsdp", "smp")\n'
+        "allow_unsupported_image = True\n"
         "smp_hybrid_shard_degree = 2\n"
         'job_model = {"layers": 2, "d-model": 64, "heads": 4, "seq-len": 32, "batch-size": 16, "steps": 40}\n'
         "world_sizes = (1, 2)\n"
@@ -61,7 +64,9 @@ EXPECTED_OUTPUT: dict[str, tuple[str, ...]] = {
     ),
     "4_model_parallel": (
         "final next-character test accuracy:", "SMP route launcher:", "smdistributed-modelparallel:2.5.1-gpu-py311-cu124",
-        "pytorch-training:2.9-gpu-py312", "plain PyTorch applies the same SMP settings", "[infra] cost: at most",
+        "pytorch:2.13-cu133-amzn2023-sagemaker", "plain PyTorch applies the same SMP settings",
+        "[infra] cost: at most $1.41 = 2 x ml.g5.xlarge",  # the default route: a few dollars at most
+        "WARNING: The SageMaker model-parallel (SMP v2) image",  # the opt-in route says what it is
     ),
 }
 SUMMARY_MARK = "FAKE_SAGEMAKER_JOBS="

@@ -9,6 +9,7 @@ so they test the job builder, not lab 3's script; one dry-runs the real lab 3.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -35,7 +36,7 @@ from workshop.labs import Lab, SageMakerDefaults, get_lab
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's account
 DEFAULT_BUCKET = f"sagemaker-{REGION}-{ACCOUNT}"
-GPU_IMAGE = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch-training:2.9-gpu-py312"
+GPU_IMAGE = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch:2.13-cu133-amzn2023-sagemaker"
 SMDDP_IMAGE = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch-training:2.5-gpu-py311"
 TRAIN_PY = '''
 import argparse
@@ -83,8 +84,8 @@ def make_lab(root: Path, launcher: str = "torchrun", key: str = "tiny_ddp") -> L
         strategy="test",
         launcher="torchrun",
         sagemaker=SageMakerDefaults(
-            framework="pytorch",
-            framework_version="2.9",
+            framework="pytorch-amzn2023",
+            framework_version="2.13",
             py_version="py312",
             instance_type="ml.g5.xlarge",
             instance_count=2,
@@ -251,6 +252,7 @@ def test_dry_run_vpc_region_and_smddp_image(lab: Lab, capsys: pytest.CaptureFixt
         role="MyTrainingRole",
         max_run_s=600,
         tags={"team": "ml"},
+        allow_unsupported_image=True,  # smddp exists only in images past their end of patch
     )
     assert request["AlgorithmSpecification"]["TrainingImage"] == SMDDP_IMAGE.replace(REGION, "eu-west-1")
     assert request["VpcConfig"] == {"Subnets": ["subnet-0abc"], "SecurityGroupIds": ["sg-0def"]}
@@ -259,7 +261,9 @@ def test_dry_run_vpc_region_and_smddp_image(lab: Lab, capsys: pytest.CaptureFixt
     assert {"Key": "team", "Value": "ml"} in request["Tags"]
     # procs_per_host not given: the Torchrun driver starts one process per GPU.
     assert json.loads(request.sm_drivers["distributed.json"])["process_count_per_node"] is None
-    assert "PyTorch 2.5 (py311) image, the newest that ships smddp" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "PyTorch 2.5 (py311) image, the newest that ships smddp" in out
+    assert "WARNING: The PyTorch 2.5 training image passed its end of patch on 2025-10-29" in out
 
 
 def test_dry_run_of_the_real_lab_3() -> None:
@@ -267,9 +271,7 @@ def test_dry_run_of_the_real_lab_3() -> None:
     if not lab.entry_path.is_file():
         pytest.skip(f"{lab.entry_path} is not written yet")
     request = sj.dry_run(lab, hyperparameters={"epochs": 1}, show=False)
-    assert request["AlgorithmSpecification"]["TrainingImage"].endswith(
-        f"pytorch-training:{lab.sagemaker.framework_version}-gpu-{lab.sagemaker.py_version}"
-    )
+    assert request["AlgorithmSpecification"]["TrainingImage"] == GPU_IMAGE
     assert request["ResourceConfig"]["InstanceCount"] == lab.sagemaker.instance_count
     assert "train.py" in request.code_files
 
@@ -505,8 +507,9 @@ def test_plan_rejects(lab: Lab, kwargs: dict[str, Any], message: str) -> None:
 
 def test_plan_picks_cpu_or_gpu_image_and_world_size(lab: Lab) -> None:
     cpu = sj.plan_job(lab, hyperparameters={}, region=REGION, instance_type="ml.m5.xlarge", instance_count=3)
-    assert cpu.image_uri.endswith("pytorch-training:2.9-cpu-py312") and cpu.world_size == 3
-    gpu = sj.plan_job(lab, hyperparameters={"backend": "smddp"}, region=REGION, instance_type="ml.p4d.24xlarge")
+    assert cpu.image_uri.endswith("pytorch:2.13-cpu-amzn2023-sagemaker") and cpu.world_size == 3
+    gpu = sj.plan_job(lab, hyperparameters={"backend": "smddp"}, region=REGION, instance_type="ml.p4d.24xlarge",
+                      allow_unsupported_image=True)
     assert gpu.image_uri == SMDDP_IMAGE and gpu.procs_per_host is None and gpu.world_size == 2 * 8
     assert sj.plan_job(lab, hyperparameters={}, region=REGION, instance_type="ml.g5.12xlarge", procs_per_host=4).world_size == 8
 
@@ -531,7 +534,8 @@ def test_reserved_channel_names(lab: Lab, fake_aws: FakeAws, monkeypatch: pytest
 
 def test_user_prefix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(aws.USER_ENV, "Jörg O'Brien_the-Third!!")
-    assert aws.user_prefix() == "jorg-o-brien-the"
+    # Too long for 16 characters: its head and a hash of the whole name (see test_infra_strict).
+    assert aws.user_prefix() == "jorg-o-br-c682a8"
     monkeypatch.setenv(aws.USER_ENV, "!!!")
     assert aws.user_prefix() == "user"
     # On SageMaker everyone is ec2-user: the notebook instance's name says who it is.
@@ -572,3 +576,234 @@ def test_require_credentials(fake_aws: FakeAws, monkeypatch: pytest.MonkeyPatch)
 
 def test_default_bucket_is_the_sdks(fake_aws: FakeAws) -> None:
     assert aws.default_bucket(fake_aws.boto) == DEFAULT_BUCKET
+
+
+# --------------------------------------------------------------------------- images (issue 11, defect 5)
+
+AMZN2023_GPU_IMAGE = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch:2.13-cu133-amzn2023-sagemaker"
+
+
+def test_pytorch_labs_use_a_supported_image_with_the_pinned_torch() -> None:
+    """Labs 2 (PyTorch), 3 and 4 run the image whose PyTorch is the one CI runs locally."""
+    import torch
+
+    pinned = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    for key in ("horovod_pytorch", "data_parallel", "model_parallel"):
+        lab = get_lab(key)
+        plan = sj.plan_job(lab, hyperparameters={}, region=REGION)  # the lab's own instance type
+        variant = "cu133" if sj.is_gpu_instance(plan.instance_type) else "cpu"
+        assert plan.image_uri == AMZN2023_GPU_IMAGE.replace("cu133", variant), key
+        assert lab.sagemaker.framework_version == pinned, key
+        support = sj.image_support(lab.sagemaker.framework, lab.sagemaker.framework_version)
+        assert support is not None and support.end_of_patch > sj.today(), key
+
+
+def _old_image_lab(root: Path) -> Lab:
+    lab = make_lab(root, key="tiny_old")
+    old = SageMakerDefaults(framework="pytorch", framework_version="2.9", py_version="py312",
+                            instance_type="ml.g5.xlarge", instance_count=2, launcher="torchrun")
+    return dataclasses.replace(lab, sagemaker=old)
+
+
+def test_plan_refuses_an_image_past_its_end_of_patch(tmp_path: Path) -> None:
+    lab = _old_image_lab(tmp_path)
+    with pytest.raises(WorkshopError, match=re.escape("PyTorch 2.9 training image passed its end of patch on 2026-10-15")) as info:
+        sj.plan_job(lab, hyperparameters={}, region=REGION)
+    assert "pytorch-amzn2023" in info.value.fix and "allow_unsupported_image=True" in info.value.fix
+    plan = sj.plan_job(lab, hyperparameters={}, region=REGION, allow_unsupported_image=True)
+    assert plan.image_uri.endswith("pytorch-training:2.9-gpu-py312")
+    assert any(n.startswith("WARNING: ") and "end of patch" in n for n in plan.notes)
+
+
+def test_smddp_is_refused_unless_the_unsupported_image_is_asked_for(lab: Lab) -> None:
+    with pytest.raises(WorkshopError, match="backend=smddp needs SageMaker's data-parallel library") as info:
+        sj.plan_job(lab, hyperparameters={"backend": "smddp"}, region=REGION, instance_type="ml.p4d.24xlarge")
+    assert "2025-10-29" in info.value.message
+    assert "backend=nccl" in info.value.fix and "allow_unsupported_image=True" in info.value.fix
+    plan = sj.plan_job(lab, hyperparameters={"backend": "smddp"}, region=REGION, instance_type="ml.p4d.24xlarge",
+                       allow_unsupported_image=True)
+    assert plan.image_uri == SMDDP_IMAGE
+    assert any("WARNING" in n and "2025-10-29" in n for n in plan.notes)
+
+
+def test_cuda_13_images_refuse_volta_instances(lab: Lab) -> None:
+    with pytest.raises(WorkshopError, match="ml.p3.2xlarge") as info:
+        sj.plan_job(lab, hyperparameters={}, region=REGION, instance_type="ml.p3.2xlarge", instance_count=1)
+    assert "ml.g5.xlarge" in info.value.fix
+
+
+# --------------------------------------------------------------------------- bad input (issue 11)
+
+
+@pytest.mark.parametrize(
+    ("role", "message"),
+    [
+        ("not a role!", "not an IAM role ARN or role name: 'not a role!'"),
+        ("arn:aws:iam::1234:role/Short", "not an IAM role ARN or role name"),
+        ("arn:aws:iam::123456789012:user/alice", "not an IAM role ARN or role name"),
+    ],
+    ids=["words", "short-account", "user-arn"],
+)
+def test_dry_run_refuses_a_role_createtrainingjob_would_reject(lab: Lab, role: str, message: str) -> None:
+    with pytest.raises(WorkshopError, match=re.escape(message)) as info:
+        sj.dry_run(lab, hyperparameters={}, role=role, show=False)
+    assert "arn:aws:iam::<12-digit account>:role/<name>" in info.value.fix
+
+
+def test_dry_run_refuses_a_bad_role_in_the_environment(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(aws.ROLE_ENV, "arn:aws:iam::123456789012:role/has space")
+    with pytest.raises(WorkshopError, match=aws.ROLE_ENV):
+        sj.dry_run(lab, hyperparameters={}, show=False)
+
+
+def test_plan_refuses_an_instance_type_sagemaker_training_does_not_have(lab: Lab) -> None:
+    with pytest.raises(WorkshopError, match=re.escape("ml.nosuch.xlarge is not a SageMaker training instance type")):
+        sj.plan_job(lab, hyperparameters={}, region=REGION, instance_type="ml.nosuch.xlarge")
+    with pytest.raises(WorkshopError, match="not a SageMaker training instance type") as info:
+        sj.plan_job(lab, hyperparameters={}, region=REGION, instance_type="ml.g5.xxlarge")
+    assert "ml.g5.xlarge" in info.value.fix  # the nearest real names
+
+
+@pytest.mark.parametrize(
+    ("hyperparameters", "message"),
+    [
+        ({"note": "it's"}, "contains a single quote"),
+        ({"it's": 1}, "contains a single quote"),
+        ({"note": {"who": "O'Brien"}}, "contains a single quote"),  # JSON-encoded, then written the same way
+        ({"note": "two\nlines"}, "contains a line break"),
+        ({"a.b": 1}, "cannot be part of an environment variable name"),
+        ({"log-interval": 1, "log_interval": 2}, "both become SM_HP_LOG_INTERVAL"),
+        ({"k" * 257: 1}, "longer than 256 characters"),
+        ({"note": "x" * 2501}, "longer than 2500 characters"),
+        ({f"k{i}": i for i in range(101)}, "101 hyperparameters; CreateTrainingJob takes at most 100"),
+    ],
+    ids=["quote-in-value", "quote-in-key", "quote-in-json", "newline", "dot-in-key", "same-env-name",
+         "long-key", "long-value", "too-many"],
+)
+def test_plan_refuses_hyperparameters_the_container_cannot_receive(
+    lab: Lab, hyperparameters: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(WorkshopError, match=re.escape(message)) as info:
+        sj.plan_job(lab, hyperparameters=hyperparameters, region=REGION)
+    assert info.value.fix
+
+
+def test_the_env_file_breaks_exactly_where_the_plan_refuses(tmp_path: Path) -> None:
+    """The SDK's own env writer (`container_drivers/scripts/environment.py`) and bash: a single
+    quote breaks `source sm_training.env`; the values the plan accepts come through intact."""
+    import shutil
+    import subprocess
+
+    from sagemaker.train.container_drivers.common.utils import safe_serialize
+
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+
+    def sourced(value: str) -> subprocess.CompletedProcess[str]:
+        env_file = tmp_path / "sm_training.env"
+        env_file.write_text(f"export SM_HP_NOTE='{safe_serialize(value)}'\n"
+                            f"export SM_HPS='{safe_serialize({'note': value})}'\n")
+        return subprocess.run([bash, "-c", f'set -e; source {env_file}; printf %s "$SM_HP_NOTE"'],
+                              capture_output=True, text=True, timeout=30)
+
+    accepted = "a b $HOME `x` \\ \"q\" -- é"
+    sj.check_hyperparameters({"note": accepted})
+    assert sourced(accepted).stdout == accepted
+    broken = sourced("it's")
+    assert broken.returncode != 0 or broken.stdout != "it's"  # what the plan refuses
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "fix"),
+    [
+        (["--role", "not a role!"], "is not an IAM role ARN or role name", "arn:aws:iam::<12-digit account>:role/<name>"),
+        (["--role", "arn:aws:iam::12345:role/Training"], "is not an IAM role ARN or role name", "12-digit account"),
+        (["--instance-type", "ml.nosuch.xlarge"], "ml.nosuch.xlarge is not a SageMaker training instance type",
+         "TrainingInstanceType"),
+        (["--hp", "model-dir=/opt/ml/model/it's"], "contains a single quote", "sm_training.env"),
+    ],
+    ids=["role-words", "role-arn", "instance-type", "quote"],
+)
+def test_cli_dry_run_refuses_bad_input_with_the_fix(
+    args: list[str], message: str, fix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workshop.__main__ import main
+
+    code = main(["run", "data_parallel", "--mode", "sagemaker", "--dry-run", *args])
+    captured = capsys.readouterr()
+    assert code == 2, captured.out[-2000:]
+    assert message in captured.err and "Fix:" in captured.err and fix in captured.err
+    assert '"TrainingJobName"' not in captured.out  # no request was built
+
+
+def test_real_path_refuses_a_malformed_role_before_asking_for_credentials(lab: Lab, data_dir: Path) -> None:
+    # No credentials at all (the autouse fixture): the role's form is checked first.
+    with pytest.raises(WorkshopError, match="not an IAM role ARN or role name"):
+        sj.run_lab_on_sagemaker(lab, hosts=2, procs_per_host=1, hyperparameters={}, data_dir=data_dir,
+                                role="not a role!", region=REGION)
+
+
+# --------------------------------------------------------------------------- preflight suggests only usable types
+
+
+def _quota(name: str, value: float, code: str) -> dict[str, Any]:
+    return {"ServiceCode": "sagemaker", "ServiceName": "Amazon SageMaker", "QuotaCode": code,
+            "QuotaName": f"{name} for training job usage", "Value": value, "Unit": "None",
+            "Adjustable": True, "GlobalQuota": False}
+
+
+def _stub_quotas(boto: Any, quotas: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`boto`'s Service Quotas client answers from a Stubber (moto 5.2.5 lacks ListServiceQuotas);
+    every other client stays moto's. A root caller needs no permission simulation."""
+    from botocore.stub import Stubber
+
+    sq = boto3.client("service-quotas", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(sq)
+    stub.add_response("list_service_quotas", {"Quotas": quotas}, {"ServiceCode": "sagemaker"})
+    stub.activate()
+    original = boto.client
+    monkeypatch.setattr(boto, "client", lambda name, *a, **k: sq if name == "service-quotas" else original(name, *a, **k))
+
+
+ROOT = f"arn:aws:iam::{ACCOUNT}:root"
+QUOTAS = [
+    _quota("ml.p4d.24xlarge", 0.0, "L-P4D"),
+    _quota("ml.p5.48xlarge", 2.0, "L-P5"),
+    _quota("ml.g5.12xlarge", 4.0, "L-G512"),
+    _quota("ml.p3.2xlarge", 8.0, "L-P32"),
+    _quota("ml.g5.xlarge", 0.0, "L-G5X"),
+    _quota("ml.g4dn.xlarge", 4.0, "L-G4X"),
+    _quota("ml.c5.2xlarge", 4.0, "L-C52"),
+    _quota("ml.c5.xlarge", 0.0, "L-C5X"),
+    _quota("ml.trn1.2xlarge", 8.0, "L-TRN1"),
+]
+
+
+def test_preflight_suggests_only_instance_types_the_route_can_use(
+    fake_aws: FakeAws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workshop import infra
+    from workshop.model_parallel import SMP_INSTANCE_TYPES, lab_for_route
+
+    smp = sj.plan_job(lab_for_route("smp"), hyperparameters={}, region=REGION, allow_unsupported_image=True)
+    assert smp.instance_type == "ml.p4d.24xlarge" and set(smp.allowed_instance_types) == set(SMP_INSTANCE_TYPES)
+    _stub_quotas(fake_aws.boto, QUOTAS, monkeypatch)
+    with pytest.raises(WorkshopError, match="quota for ml.p4d.24xlarge") as info:
+        infra.preflight(smp, fake_aws.role_arn, fake_aws.boto, identity=ROOT)
+    assert "ml.p5.48xlarge, whose quota allows 2" in info.value.fix
+    assert "ml.g5" not in info.value.fix and "ml.p3" not in info.value.fix  # SMP cannot run there
+
+    # Lab 3 on GPUs: any GPU type with quota, except Volta (p3), which the CUDA 13 image cannot use.
+    ddp = sj.plan_job(get_lab("data_parallel"), hyperparameters={}, region=REGION)
+    _stub_quotas(fake_aws.boto, QUOTAS, monkeypatch)
+    with pytest.raises(WorkshopError, match="quota for ml.g5.xlarge") as info:
+        infra.preflight(ddp, fake_aws.role_arn, fake_aws.boto, identity=ROOT)
+    assert "ml.g4dn.xlarge" in info.value.fix and "ml.p3" not in info.value.fix and "ml.c5" not in info.value.fix
+
+    # On CPU (gloo): CPU types only; Trainium is not a CPU instance for a PyTorch CPU image.
+    cpu = sj.plan_job(get_lab("data_parallel"), hyperparameters={}, region=REGION, instance_type="ml.c5.xlarge")
+    _stub_quotas(fake_aws.boto, QUOTAS, monkeypatch)
+    with pytest.raises(WorkshopError, match="quota for ml.c5.xlarge") as info:
+        infra.preflight(cpu, fake_aws.role_arn, fake_aws.boto, identity=ROOT)
+    assert "ml.c5.2xlarge, whose quota allows 2" in info.value.fix and "trn1" not in info.value.fix

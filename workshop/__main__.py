@@ -2,7 +2,8 @@
 
     python -m workshop labs
     python -m workshop run LAB [--hosts N] [--procs-per-host P] [--mode local|sagemaker]
-                               [--dry-run] [--hp KEY=VALUE ...]
+                               [--dry-run] [--hp KEY=VALUE ...] [--route fsdp|smp]
+                               [--allow-unsupported-image]
     python -m workshop run all            # every lab, locally, then a summary table
     python -m workshop network [--nat] [--show] [--cidr CIDR]   # the workshop VPC (create/reuse)
     python -m workshop role                                     # the workshop's execution role
@@ -55,10 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--network", choices=("none", "endpoints", "nat"), default="none",
                      help="sagemaker mode: run in the workshop VPC, reaching AWS through interface endpoints or a NAT gateway")
     run.add_argument("--create-role", action="store_true", help="sagemaker mode: create/reuse the workshop's execution role")
+    run.add_argument("--route", choices=("fsdp", "smp"), default="fsdp",
+                     help="sagemaker mode, lab 4: plain FSDP on the PyTorch image, or the SMP v2 image (opt-in)")
+    run.add_argument("--allow-unsupported-image", action="store_true",
+                     help="sagemaker mode: run a framework image past its end of patch anyway (smddp, lab 4's SMP route)")
     net = sub.add_parser("network", help="create or reuse (or --show) your workshop VPC")
     net.add_argument("--nat", action="store_true", help="a NAT gateway instead of interface endpoints (reaches PyPI)")
     net.add_argument("--show", action="store_true", help="only say whether it exists; create nothing")
-    net.add_argument("--cidr", default=None, help="the VPC's CIDR block (default 10.87.0.0/16)")
+    net.add_argument("--cidr", default=None, help="the VPC's CIDR block (default 10.87.0.0/16, or the first free 10.N.0.0/16)")
     net.add_argument("--region", default=None)
     role = sub.add_parser("role", help="create or reuse your workshop SageMaker execution role")
     role.add_argument("--region", default=None)
@@ -84,7 +89,7 @@ def run_infra(args: argparse.Namespace) -> int:
         vpc = infra.find_network(boto)
         print(f"workshop network: {vpc or 'none'}")
         return 0
-    network = infra.ensure_network(boto, egress="nat" if args.nat else "endpoints", cidr=args.cidr or infra.DEFAULT_CIDR)
+    network = infra.ensure_network(boto, egress="nat" if args.nat else "endpoints", cidr=args.cidr)
     print("\n".join(network.lines()))
     return 0
 
@@ -98,13 +103,16 @@ def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
         return run_local(
             lab, hosts=args.hosts, procs_per_host=args.procs_per_host, hyperparameters=hps, data_dir=args.data_dir
         )
-    if lab.key == "model_parallel":  # its data is a text corpus, and it has two routes (SMP, FSDP)
+    if args.route != "fsdp" and lab.key != "model_parallel":
+        raise WorkshopError(f"--route {args.route} applies to lab 4 (model_parallel), not {lab.key}.", "drop --route.")
+    if lab.key == "model_parallel":  # its data is a text corpus, and it has two routes (FSDP, SMP)
         from workshop.model_parallel import run_on_sagemaker
 
         return run_on_sagemaker(
-            route="smp", hosts=args.hosts or lab.sagemaker.instance_count, hyperparameters=hps,
+            route=args.route, hosts=args.hosts or lab.sagemaker.instance_count, hyperparameters=hps,
             instance_type=args.instance_type, dry_run=args.dry_run, role=args.role, region=args.region,
             network=False if args.network == "none" else args.network, data_dir=args.data_dir,
+            allow_unsupported_image=args.allow_unsupported_image,
         )
     from workshop.runner import DEFAULT_DATA_DIR
     from workshop.sagemaker_jobs import run_lab_on_sagemaker
@@ -122,6 +130,7 @@ def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
         region=args.region,
         network=False if args.network == "none" else args.network,
         create_role=args.create_role,
+        allow_unsupported_image=args.allow_unsupported_image,
     )
 
 

@@ -33,6 +33,16 @@ class SageMakerDefaults:
     max_run_s: int = 3600
     volume_size_gb: int = 30
     container_version: str | None = None  # only the SMP images need it (e.g. "cu124")
+    # The only instance types the route can use (empty: any SageMaker training type): plan_job
+    # refuses others, and preflight suggests nothing else when the quota is short.
+    instance_types: tuple[str, ...] = ()
+
+
+# The PyTorch labs run the SageMaker PyTorch 2.13 training image (SDK 3.27's `pytorch-amzn2023`
+# family: Amazon Linux 2023, Python 3.12, CPU and CUDA 13.3 GPU variants), the PyTorch this
+# project pins (torch==2.13.0), so what CI runs locally is what the job runs. End of patch
+# 2027-07-20 (see workshop.sagemaker_jobs.IMAGE_SUPPORT). It has no smddp and no SMP.
+PYTORCH_IMAGE = {"framework": "pytorch-amzn2023", "framework_version": "2.13", "py_version": "py312"}
 
 
 @dataclass(frozen=True)
@@ -195,9 +205,7 @@ LABS: dict[str, Lab] = {
             local_procs_per_host=1,
             local_hyperparameters={"epochs": 3, "log-interval": 5},
             sagemaker=SageMakerDefaults(
-                framework="pytorch",
-                framework_version="2.9",
-                py_version="py312",
+                **PYTORCH_IMAGE,
                 # CPU instances: the Horovod built at job start uses Gloo (see workshop.horovod).
                 instance_type="ml.c5.2xlarge",
                 instance_count=2,
@@ -240,9 +248,7 @@ LABS: dict[str, Lab] = {
             # log-interval 5: a few points per epoch on the 4,000-digit subset, for the plots
             local_hyperparameters={"epochs": 3, "log-interval": 5},
             sagemaker=SageMakerDefaults(
-                framework="pytorch",
-                framework_version="2.9",
-                py_version="py312",
+                **PYTORCH_IMAGE,
                 instance_type="ml.g5.xlarge",
                 instance_count=2,
                 launcher="torchrun",
@@ -263,14 +269,14 @@ LABS: dict[str, Lab] = {
                 "log-interval": 10, "sharding": "full_shard",
             },
             metrics=("train_loss", "test_loss", "test_accuracy", "perplexity", "step_time_s"),
+            # The plain-FSDP route: the script's own FSDP2 on 2 x 1 A10G (24 GB), plenty for a model of
+            # a few million parameters; at most 2 x $1.408/h x 0.5 h = $1.41. The SMP route (2 x
+            # ml.p4d.24xlarge, up to $37.69 for the same 30 minutes) is opt-in: see workshop.model_parallel.
             sagemaker=SageMakerDefaults(
-                framework="pytorch-smp",  # the SageMaker model-parallel (SMP v2) image
-                framework_version="2.5.1",
-                py_version="py311",
-                container_version="cu124",
-                instance_type="ml.p4d.24xlarge",  # SMP v2: ml.p4d.24xlarge, ml.p4de.24xlarge, ml.p5.48xlarge
+                **PYTORCH_IMAGE,
+                instance_type="ml.g5.xlarge",
                 instance_count=2,
-                launcher="torchrun_smp",  # Torchrun(smp=SMP(...)): workshop.model_parallel
+                launcher="torchrun_smp",  # Torchrun(smp=SMP(...)) with SMP settings, plain Torchrun() without
                 max_run_s=1800,
             ),
             aliases=("4", "4_model_parallel", "fsdp", "mp"),

@@ -11,14 +11,22 @@ Every tenth topic (sorted by name) goes to `test`, the rest to `train`, each as 
 (ASCII; the script models bytes).
 
 **SageMaker.** Two routes, one script:
-- `route="smp"`: the SageMaker model-parallel (SMP v2) image, `pytorch-smp` 2.5.1 (py311,
-  container version cu124), with `Torchrun(smp=SMP(hybrid_shard_degree=..., sm_activation_offloading=...,
-  activation_loading_horizon=...))`. The SDK writes the SMP settings into `distributed.json` and
-  passes them to the script as the hyperparameter `mp_parameters`; the script calls `tsm.init()`.
-  SMP v2 runs on ml.p4d.24xlarge, ml.p4de.24xlarge and ml.p5.48xlarge
-  (docs.aws.amazon.com/sagemaker/latest/dg/distributed-model-parallel-support-v2.html).
-- `route="fsdp"`: the ordinary PyTorch training image (2.9, py312) on any GPU instance, plain
-  `Torchrun()`: the script's own FSDP2 flags do the same work.
+- `route="fsdp"` (the default): the SageMaker PyTorch 2.13 training image (`pytorch-amzn2023`,
+  py312: the torch this project pins) on any GPU instance, plain `Torchrun()`; the script's own
+  FSDP2 (`fully_shard`) flags do the sharding. Default: 2 x ml.g5.xlarge (one A10G each), 30
+  minutes at most: the dry run prints `cost: at most $1.41`.
+- `route="smp"` (opt-in, `allow_unsupported_image=True`): the SageMaker model-parallel (SMP v2)
+  image, `pytorch-smp` 2.5.1 (py311, container version cu124), with `Torchrun(smp=SMP(
+  hybrid_shard_degree=..., sm_activation_offloading=..., activation_loading_horizon=...))`. The SDK
+  writes the settings into `distributed.json` and passes them as the hyperparameter
+  `mp_parameters`; the script calls `tsm.init(settings)` and maps them onto its own flags (hybrid
+  sharding degree, checkpointing + offloading), then shards with FSDP2. What it does NOT do: SMP's
+  own sharding and offloading plug into PyTorch's FSDP1 `FullyShardedDataParallel` API, which this
+  script does not use (FSDP1 refuses CPU, where CI runs it), so SMP's implementation of them is
+  never exercised; the same work is done by PyTorch itself. Its image is PyTorch 2.5.1, past its
+  end of patch (2025-10-29), and SMP v2 runs only on ml.p4d.24xlarge, ml.p4de.24xlarge and
+  ml.p5.48xlarge (docs.aws.amazon.com/sagemaker/latest/dg/distributed-model-parallel-support-v2.html):
+  2 x ml.p4d.24xlarge cost up to $37.69 per half hour, for a model of a few million parameters.
 """
 
 from __future__ import annotations
@@ -45,10 +53,16 @@ TEST_EVERY = 10  # every tenth topic is held out
 SMP_INSTANCE_TYPES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge")
 SMP_IMAGE = {"framework": "pytorch-smp", "framework_version": "2.5.1", "py_version": "py311",
              "container_version": "cu124"}
-FSDP_IMAGE = {"framework": "pytorch", "framework_version": "2.9", "py_version": "py312",
+SMP_INSTANCE_TYPE = "ml.p4d.24xlarge"  # 8 NVIDIA A100 40 GB; about $37.69/h
+FSDP_IMAGE = {"framework": "pytorch-amzn2023", "framework_version": "2.13", "py_version": "py312",
               "container_version": None}
-FSDP_INSTANCE_TYPE = "ml.g5.12xlarge"  # 4 NVIDIA A10G, 24 GB each
-ROUTES = ("smp", "fsdp")
+FSDP_INSTANCE_TYPE = "ml.g5.xlarge"  # 1 NVIDIA A10G, 24 GB; about $1.41/h
+ROUTES = ("fsdp", "smp")
+SMP_OPT_IN_FIX = (
+    "use route='fsdp' (the default: the supported PyTorch 2.13 image, the same FSDP2 sharding, on any GPU "
+    "instance), or pass allow_unsupported_image=True (CLI: --route smp --allow-unsupported-image) to run "
+    "the SMP image anyway, knowing what it does and does not show (see workshop.model_parallel)."
+)
 
 
 # --------------------------------------------------------------------------- the corpus
@@ -99,10 +113,13 @@ def prepare_corpus(directory: str | os.PathLike[str] | None = None) -> CorpusCha
     return CorpusChannels(root / "train", root / "test", sizes["train"], sizes["test"], root, source)
 
 
-def data_prefix(user: str | None = None) -> str:
+def data_prefix(user: str | None = None, key_prefix: str | None = None) -> str:
+    """S3 key prefix of the corpus channels, under the SDK's default key prefix when the SDK
+    config sets one (as `workshop.sagemaker_jobs.data_prefix`), where the workshop role may read."""
     from workshop import aws
 
-    return f"{aws.WORKSHOP_NAME}/{user or aws.user_prefix()}/data/pydoc-corpus"
+    key_prefix = aws.sdk_key_prefix() if key_prefix is None else key_prefix
+    return aws.s3_key(key_prefix, aws.WORKSHOP_NAME, user or aws.user_prefix(), "data/pydoc-corpus")
 
 
 def upload_corpus(channels: CorpusChannels, bucket: str, boto_session: Any) -> dict[str, str]:
@@ -135,17 +152,20 @@ def smp_settings(hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def lab_for_route(route: str, instance_type: str | None = None):
-    """Lab 4 with the image of `route`: the SMP image, or the ordinary PyTorch GPU image."""
+    """Lab 4 with the image of `route`: the SMP image (on SMP's instance types only), or the
+    ordinary PyTorch GPU image (any GPU type)."""
     from workshop.labs import get_lab
 
     if route not in ROUTES:
         raise WorkshopError(f"Unknown route {route!r}.", f"choose one of {', '.join(ROUTES)}.")
     lab = get_lab("model_parallel")
-    image = SMP_IMAGE if route == "smp" else FSDP_IMAGE
+    smp = route == "smp"
+    image = SMP_IMAGE if smp else FSDP_IMAGE
     defaults = dataclasses.replace(
         lab.sagemaker, framework=image["framework"], framework_version=image["framework_version"],
         py_version=image["py_version"], container_version=image["container_version"],
-        instance_type=instance_type or (lab.sagemaker.instance_type if route == "smp" else FSDP_INSTANCE_TYPE),
+        instance_type=instance_type or (SMP_INSTANCE_TYPE if smp else FSDP_INSTANCE_TYPE),
+        instance_types=SMP_INSTANCE_TYPES if smp else (),
     )
     return dataclasses.replace(lab, sagemaker=defaults)
 
@@ -160,8 +180,9 @@ def check_job(route: str, hyperparameters: Mapping[str, Any], instance_type: str
             f"SMP settings {json.dumps(smp)} on the {route!r} route, whose image "
             f"({FSDP_IMAGE['framework']} {FSDP_IMAGE['framework_version']}) does not have the SageMaker "
             "model-parallel library (torch.sagemaker).",
-            "use route='smp' (the pytorch-smp image), or drop smp=... and pass the script's own flags "
-            "(sharding, hybrid-shard-degree, activation-offloading).",
+            "drop smp=... and pass the script's own flags (sharding, hybrid-shard-degree, activation-checkpointing, "
+            "activation-offloading), which do the same work; or use route='smp' with allow_unsupported_image=True "
+            "(the pytorch-smp image, past its end of patch).",
         )
     if route == "smp" and instance_type not in SMP_INSTANCE_TYPES:
         raise WorkshopError(
@@ -201,7 +222,7 @@ _register()
 
 def run_on_sagemaker(
     *,
-    route: str = "smp",
+    route: str = "fsdp",
     smp: Any = None,
     hosts: int = 2,
     hyperparameters: Mapping[str, Any] | None = None,
@@ -215,9 +236,12 @@ def run_on_sagemaker(
     subnets: Sequence[str] | None = None,
     security_group_ids: Sequence[str] | None = None,
     wait: bool = True,
+    allow_unsupported_image: bool = False,
 ):
     """Lab 4 as a SageMaker job: the same five steps as `sagemaker_jobs.run_lab_on_sagemaker`,
-    with the text corpus as the data and `smp` (an `SMP(...)`) on the model-parallel image.
+    with the text corpus as the data: plain FSDP2 on the PyTorch 2.13 image (`route="fsdp"`, the
+    default), or `smp` (an `SMP(...)`) on the model-parallel image (`route="smp"`, which needs
+    `allow_unsupported_image=True`: that image is past its end of patch; see the module docstring).
 
     Every check runs before anything is uploaded or created. `dry_run` returns the
     CreateTrainingJob request (moto in-process, no account).
@@ -238,6 +262,9 @@ def run_on_sagemaker(
     lab = lab_for_route(route, instance_type)
     instance_type = lab.sagemaker.instance_type
     check_job(route, hps, instance_type)
+    if route == "smp":  # refused unless asked for by name (the plan's notes then say WARNING)
+        sagemaker_jobs.check_image_supported(SMP_IMAGE["framework"], SMP_IMAGE["framework_version"],
+                                             allow_unsupported_image=allow_unsupported_image, fix=SMP_OPT_IN_FIX)
     channels = prepare_corpus(data_dir)
     egress = network_egress(network, subnets)
     if dry_run:
@@ -245,6 +272,7 @@ def run_on_sagemaker(
             lab, hyperparameters=hps, role=role, instance_count=hosts, region=region, max_run_s=max_run_s,
             train_samples=channels.n_train, network=network, subnets=subnets, security_group_ids=security_group_ids,
             inputs={c: f"s3://sagemaker-dry-run/{data_prefix('dry-run')}/{c}" for c in CHANNELS},
+            allow_unsupported_image=allow_unsupported_image,
         )
     _say("step 1/5: checking the job")
     boto = aws.boto_session(region)
@@ -252,7 +280,10 @@ def run_on_sagemaker(
         raise WorkshopError("No AWS region configured.", "pass region='us-east-1', or set AWS_DEFAULT_REGION.")
     plan = plan_job(lab, hyperparameters=hps, region=boto.region_name, instance_count=hosts,
                     max_run_s=max_run_s, subnets=subnets, security_group_ids=security_group_ids,
-                    train_samples=channels.n_train)
+                    train_samples=channels.n_train, allow_unsupported_image=allow_unsupported_image)
+    given_role, role_source = sagemaker_jobs._given_role(role)
+    if given_role:
+        sagemaker_jobs.check_role(given_role, role_source)  # its form, before credentials are looked for
     _describe_plan(plan)
     _say("step 2/5: AWS credentials, the execution role, and the preflight checks")
     identity = aws.require_credentials(boto)

@@ -3,8 +3,10 @@
 The path every notebook and the CLI take in `sagemaker` mode is `run_lab_on_sagemaker`:
 
 1. `plan_job` checks everything that can be checked without AWS (hyperparameters through the
-   lab script's own parser, instance type and count, `max_run`, smddp's instance types, the
-   VPC settings, the launcher) and settles the image, job name, tags and metric definitions;
+   lab script's own parser and against what CreateTrainingJob and the container accept,
+   instance type and count against the service model, `max_run`, smddp's instance types, the
+   image's support window, the VPC settings, the launcher) and settles the image, job name,
+   tags and metric definitions;
 2. credentials, then the execution role (`workshop.aws`);
    and the preflight (`workshop.infra.preflight`: permission simulation, the Service Quotas
    value for the instance type, the cost estimate), before anything is created or uploaded;
@@ -42,6 +44,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import datetime
+import difflib
+import functools
 import io
 import json
 import os
@@ -66,20 +71,31 @@ if TYPE_CHECKING:
 __all__ = [
     "CHECKPOINT_DIR",
     "DryRunRequest",
+    "IMAGE_SUPPORT",
+    "ImageSupport",
     "JobPlan",
     "JobResult",
     "LauncherNotSupported",
     "PLACEHOLDER_ROLE_ARN",
+    "PrepStep",
     "SMDDP_INSTANCE_TYPES",
     "build_trainer",
+    "check_hyperparameters",
+    "check_image_supported",
+    "check_internet",
+    "check_role",
     "data_prefix",
     "dry_run",
     "gpus_per_instance",
+    "image_support",
     "job_records",
     "plan_job",
+    "prepare_launcher",
     "register_launcher",
     "run_lab_on_sagemaker",
     "submit",
+    "today",
+    "training_instance_types",
 ]
 
 # Where CheckpointConfig syncs with S3 inside the container; scripts find it in
@@ -92,8 +108,62 @@ CHECKPOINT_DIR = "/opt/ml/checkpoints"
 # SDK 3.27's own table (`sagemaker/core/fw_utils.py: SM_DATAPARALLEL_SUPPORTED_INSTANCE_TYPES`)
 # is older still (p3.16xlarge, p3dn.24xlarge, p4d, p4de).
 SMDDP_INSTANCE_TYPES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge")
-# smddp ships in the PyTorch 2.5 training image (and the SMP images), not in newer ones.
+# smddp ships in the PyTorch 2.5 training image (and the SMP images), not in newer ones: the
+# PyTorch 2.11+ images on Amazon Linux 2023 are built without it (their Dockerfile and lock files,
+# aws/deep-learning-containers docker/pytorch/), and both images that have it are past end of patch.
 SMDDP_IMAGE = {"framework": "pytorch", "framework_version": "2.5", "py_version": "py311"}
+DLC = "github.com/aws/deep-learning-containers"  # the images' own repository: their specs and dates
+
+
+@dataclass(frozen=True)
+class ImageSupport:
+    """How long AWS patches a SageMaker framework training image.
+
+    The Deep Learning Containers framework support policy (aws.github.io/deep-learning-containers/
+    reference/support_policy/): security patches and fixes until the end of patch, none after.
+    """
+
+    label: str
+    python: str
+    end_of_patch: datetime.date
+    source: str
+    # GPU families the image cannot drive: CUDA 13 dropped Volta and older (p3: V100, p2: K80).
+    no_gpu_families: tuple[str, ...] = ()
+
+
+# (image family for sagemaker.core.image_uris.retrieve, major.minor) -> support, as published on
+# 2026-11-23. `pytorch-amzn2023` is SDK 3.27's family for the Amazon Linux 2023 images (repository
+# `pytorch`, tags `2.13-cpu-amzn2023-sagemaker` and `2.13-cu133-amzn2023-sagemaker`; no py_version in
+# the tag, so `retrieve` ignores the one it is given): PyTorch 2.13.0, Python 3.12 in /opt/venv,
+# CPU and GPU (CUDA 13.3, NCCL 2.30.7, EFA), no smddp, no SMP.
+IMAGE_SUPPORT: dict[tuple[str, str], ImageSupport] = {
+    ("pytorch-amzn2023", "2.13"): ImageSupport(
+        "PyTorch 2.13 training image (Amazon Linux 2023)", "py312", datetime.date(2027, 7, 20),
+        f"{DLC} docs/src/data/pytorch/2.13-cuda-sagemaker.yml and 2.13-cpu-sagemaker.yml (GA 2026-07-20)",
+        no_gpu_families=("p2", "p3"),
+    ),
+    ("pytorch", "2.10"): ImageSupport(
+        "PyTorch 2.10 training image", "py313", datetime.date(2027, 1, 21),
+        f"{DLC} docs/src/data/pytorch-training/2.10-gpu-sagemaker.yml (GA 2026-01-21)", no_gpu_families=("p2", "p3"),
+    ),
+    ("pytorch", "2.9"): ImageSupport(
+        "PyTorch 2.9 training image", "py312", datetime.date(2026, 10, 15),
+        f"{DLC} docs/src/data/pytorch-training/2.9-gpu-sagemaker.yml (GA 2025-10-15)", no_gpu_families=("p2", "p3"),
+    ),
+    ("pytorch", "2.5"): ImageSupport(
+        "PyTorch 2.5 training image", "py311", datetime.date(2025, 10, 29),
+        f"{DLC} docs/src/legacy/legacy_support.yml (GA 2024-10-29)",
+    ),
+    ("pytorch-smp", "2.5"): ImageSupport(
+        "SageMaker model-parallel (SMP v2) image, PyTorch 2.5.1", "py311", datetime.date(2025, 10, 29),
+        "AWS publishes no end of patch for SMP images; its PyTorch 2.5's, "
+        f"{DLC} docs/src/legacy/legacy_support.yml, applies",
+    ),
+    ("tensorflow", "2.21"): ImageSupport(
+        "TensorFlow 2.21 training image", "py312", datetime.date(2027, 7, 10),
+        f"{DLC} docs/src/data/tensorflow-training/2.21-cpu-sagemaker.yml (GA 2026-07-10)",
+    ),
+}
 # CreateTrainingJob's StoppingCondition.MaxRuntimeInSeconds allows at most 28 days.
 MAX_RUNTIME_LIMIT_S = 28 * 24 * 3600
 # A dry run needs some role ARN; moto's account id makes it obviously not yours.
@@ -126,18 +196,98 @@ LauncherFactory = Callable[["JobPlan"], "DistributedConfig"]
 LAUNCHERS: dict[str, LauncherFactory] = {}
 
 
-def register_launcher(name: str) -> Callable[[LauncherFactory], LauncherFactory]:
+@dataclass(frozen=True)
+class PrepStep:
+    """Work a launcher needs done in AWS before its job starts (e.g. lab 2's one-time Horovod
+    build job). Run by `run_lab_on_sagemaker` after every check passed, with the final plan
+    (network included), the role ARN and the SageMaker session."""
+
+    what: str  # one line, printed before it runs (what it creates, what it costs)
+    run: Callable[[JobPlan, str, Any], None]
+
+
+# Optional per-launcher hooks, next to the factory:
+# - check(plan) -> plan: offline, at the end of `plan_job` (refuse what cannot work, add notes);
+# - prepare(plan, bucket, boto) -> (plan, steps): once the bucket is known (boto None in a dry
+#   run: nothing may be looked up), before anything is created; may add input channels
+#   (`JobPlan.extra_inputs`), internet needs (`JobPlan.internet_needs`) and `PrepStep`s.
+LauncherCheck = Callable[["JobPlan"], "JobPlan"]
+LauncherPrepare = Callable[["JobPlan", str, Any], "tuple[JobPlan, list[PrepStep]]"]
+LAUNCHER_CHECKS: dict[str, LauncherCheck] = {}
+LAUNCHER_PREPARE: dict[str, LauncherPrepare] = {}
+
+
+def register_launcher(
+    name: str, *, check: LauncherCheck | None = None, prepare: LauncherPrepare | None = None
+) -> Callable[[LauncherFactory], LauncherFactory]:
     """Register how a `SageMakerDefaults.launcher` becomes an SDK `DistributedConfig`.
 
     Labs 1, 2 and 4 add theirs (a parameter-server driver, an MPI driver with the right
-    `-np`, `Torchrun(smp=...)`), so this module need not know them.
+    `-np`, `Torchrun(smp=...)`), so this module need not know them; `check` and `prepare`
+    are the optional hooks described above.
     """
 
     def decorator(factory: LauncherFactory) -> LauncherFactory:
         LAUNCHERS[name] = factory
+        if check is not None:
+            LAUNCHER_CHECKS[name] = check
+        if prepare is not None:
+            LAUNCHER_PREPARE[name] = prepare
         return factory
 
     return decorator
+
+
+def prepare_launcher(plan: JobPlan, bucket: str, boto: Any) -> tuple[JobPlan, list[PrepStep]]:
+    """The launcher's `prepare` hook (see `register_launcher`), or the plan unchanged."""
+    prepare = LAUNCHER_PREPARE.get(plan.lab.sagemaker.launcher)
+    if prepare is None:
+        return plan, []
+    plan, steps = prepare(plan, bucket, boto)
+    return plan, list(steps)
+
+
+def internet_needs(plan: JobPlan) -> list[tuple[str, str]]:
+    """(why, fix) for everything the job must fetch from the internet at run time: the
+    launcher's needs, and a `requirements.txt` in the code folder, which `sm_train.sh` installs
+    from PyPI before the driver starts."""
+    needs = list(plan.internet_needs)
+    requirements = plan.lab.source_dir / "requirements.txt"
+    if requirements.is_file():
+        needs.append((
+            f"sm_train.sh installs {plan.lab.folder}/code/requirements.txt from PyPI when the job starts",
+            "remove requirements.txt from the code folder and pass an image that has those packages as image_uri",
+        ))
+    return needs
+
+
+def check_internet(plan: JobPlan, egress: str | None) -> JobPlan:
+    """Refuse a job that needs the internet in a network without a route to it.
+
+    The workshop network with interface endpoints only (`network=True`/"endpoints") reaches
+    AWS services and nothing else; "nat" and SageMaker's own network (no VPC) reach the
+    internet. For subnets of the caller's own, the route cannot be known here: a note says so.
+    """
+    needs = internet_needs(plan)
+    if not needs:
+        return plan
+    why = "; ".join(w for w, _ in needs)
+    if egress == "endpoints":
+        from workshop import infra
+
+        raise WorkshopError(
+            f"This job needs the internet ({why}), and the workshop network with interface endpoints "
+            "(network=True or 'endpoints') has no route to it: the job would fail after its instances started.",
+            f"run it with network='nat' (CLI: --network nat; a NAT gateway, about ${infra.network_hourly_usd('nat'):.3f}/h "
+            "while the network exists) or without the workshop network (network=False, CLI: --network none); or "
+            + "; or ".join(f for _, f in needs) + ".",
+        )
+    if plan.subnets and egress is None:
+        note = (f"this job needs the internet ({why}); in your subnets it has it only through a NAT gateway "
+                "or similar route, which cannot be checked from here: without one the job fails at its start")
+        if note not in plan.notes:
+            plan = dataclasses.replace(plan, notes=(*plan.notes, note))
+    return plan
 
 
 @register_launcher("torchrun")
@@ -153,6 +303,14 @@ def _torchrun(plan: JobPlan) -> DistributedConfig:
 
 def _family(instance_type: str) -> str:
     return instance_type.split(".")[1] if instance_type.count(".") == 2 else ""
+
+
+def _kind(instance_type: str) -> str:
+    """"gpu" (g, p), "neuron" (trn, inf: AWS Trainium/Inferentia) or "cpu"."""
+    family = _family(instance_type)
+    if family.startswith(("trn", "inf")):
+        return "neuron"
+    return "gpu" if is_gpu_instance(instance_type) else "cpu"
 
 
 def is_gpu_instance(instance_type: str) -> bool:
@@ -177,6 +335,192 @@ def gpus_per_instance(instance_type: str, region: str = "us-east-1") -> int:
     if _family(instance_type).startswith("p"):
         return {"2xlarge": 1, "8xlarge": 4}.get(size, 8)
     return {"12xlarge": 4, "24xlarge": 4, "48xlarge": 8}.get(size, 1)
+
+
+# --------------------------------------------------------------------------- images
+
+
+def today() -> datetime.date:
+    """The date image support is checked against (one function, so a test can fix it)."""
+    return datetime.date.today()
+
+
+def image_support(framework: str, version: str) -> ImageSupport | None:
+    """`IMAGE_SUPPORT`'s entry for an image family and version ("2.5.1" is "2.5"), or None."""
+    return IMAGE_SUPPORT.get((framework, ".".join(str(version).split(".")[:2])))
+
+
+def newest_supported_image(framework: str) -> tuple[str, str] | None:
+    """(family, version) of the newest image of the same framework still in its patch window."""
+    base = framework.split("-")[0]
+    alive = [(key, s) for key, s in IMAGE_SUPPORT.items() if key[0].split("-")[0] == base and s.end_of_patch >= today()]
+    if not alive:
+        return None
+    key, _ = max(alive, key=lambda item: tuple(int(x) for x in item[0][1].split(".")))
+    return key
+
+
+def check_image_supported(
+    framework: str, version: str, *, allow_unsupported_image: bool = False, fix: str | None = None
+) -> str:
+    """A line about the image's support window; raises WorkshopError (naming `fix`) when the image is
+    past its end of patch, unless `allow_unsupported_image`, which turns it into a WARNING line.
+
+    Refused rather than warned about by default: a job on such an image runs a framework stack that
+    no longer gets security fixes, in the user's account, and the workshop's promise is a run that
+    works on today's supported stack. The opt-in keeps the old routes (smddp, SMP) reachable.
+    """
+    support = image_support(framework, version)
+    if support is None:
+        return (f"image support: no end-of-patch date on record for {framework} {version}; check "
+                "https://aws.github.io/deep-learning-containers/reference/support_policy/")
+    if today() <= support.end_of_patch:
+        return f"image: {support.label}, {support.python}, patched until {support.end_of_patch} ({support.source})"
+    message = (f"The {support.label} passed its end of patch on {support.end_of_patch}: AWS no longer "
+               f"fixes or patches it ({support.source}).")
+    if allow_unsupported_image:
+        return f"WARNING: {message} Running it anyway, as asked (allow_unsupported_image=True)."
+    if fix is None:
+        newest = newest_supported_image(framework)
+        fix = (f"use a supported image, e.g. the {newest[0]} {newest[1]} family the labs use, " if newest else
+               "use a supported image, ")
+        fix += "or pass allow_unsupported_image=True (CLI: --allow-unsupported-image) to run it anyway."
+    raise WorkshopError(message, fix)
+
+
+# --------------------------------------------------------------------------- what CreateTrainingJob accepts
+
+
+@functools.lru_cache(maxsize=1)
+def _create_training_job_shapes() -> dict[str, Any]:
+    """CreateTrainingJob's input constraints, read offline from botocore's bundled SageMaker
+    service model (the same file the API's validation is generated from)."""
+    import botocore
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    members = model.operation_model("CreateTrainingJob").input_shape.members
+    hps = members["HyperParameters"]
+    return {
+        "instance_types": tuple(members["ResourceConfig"].members["InstanceType"].enum),
+        "role_arn": members["RoleArn"].metadata,  # min, max, pattern
+        "hp_count": hps.metadata.get("max", 100),
+        "hp_key": hps.key.metadata,  # HyperParameterKey: max 256, pattern .*
+        "hp_value": hps.value.metadata,  # HyperParameterValue: max 2500, pattern .*
+        "source": f"botocore {botocore.__version__}'s SageMaker service model",
+    }
+
+
+def training_instance_types() -> tuple[str, ...]:
+    """Every value of CreateTrainingJob's `TrainingInstanceType` enum."""
+    return _create_training_job_shapes()["instance_types"]
+
+
+def _check_instance_type(instance_type: str) -> None:
+    known = training_instance_types()
+    if instance_type in known:
+        return
+    near = difflib.get_close_matches(instance_type, known, n=3, cutoff=0.6) or ["ml.g5.xlarge", "ml.m5.xlarge"]
+    raise WorkshopError(
+        f"{instance_type} is not a SageMaker training instance type: CreateTrainingJob would reject it "
+        f"({_create_training_job_shapes()['source']} lists {len(known)}).",
+        f"pick one of CreateTrainingJob's TrainingInstanceType values, e.g. {', '.join(near)}; if AWS added "
+        "the type recently, upgrade botocore (pip install -U botocore).",
+    )
+
+
+# Java's `.` (AWS validates the model's patterns as Java regular expressions) matches no line terminator.
+_LINE_TERMINATORS = ("\n", "\r", "\u0085", "\u2028", "\u2029")
+_HP_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_ENV_FILE = "/opt/ml/input/sm_training.env"
+
+
+def check_hyperparameters(hyperparameters: Mapping[str, Any]) -> None:
+    """Refuse the hyperparameters that CreateTrainingJob rejects or the container cannot receive.
+
+    - CreateTrainingJob (the service model): at most 100 of them; keys up to 256 characters, values
+      up to 2,500, each matching `.*`, so no line break.
+    - SDK v3's `sm_train.sh` runs `container_drivers/scripts/environment.py`, which writes every
+      hyperparameter into `/opt/ml/input/sm_training.env` as `export SM_HP_<KEY>='<value>'` (key
+      upper-cased, dashes to underscores) and all of them as `export SM_HPS='<json>'`, with no
+      escaping, then `source`s the file under `set -e`: a single quote anywhere in a key or value
+      ends the string early, and a key with characters other than letters, digits, `-` and `_` makes
+      an invalid variable name; either fails the job before the script starts.
+
+    Values are checked as the SDK sends them (`safe_serialize`: text as is, anything else as JSON).
+    """
+    shapes = _create_training_job_shapes()
+    most = shapes["hp_count"]
+    if len(hyperparameters) > most:
+        raise WorkshopError(
+            f"{len(hyperparameters)} hyperparameters; CreateTrainingJob takes at most {most} ({shapes['source']}).",
+            "pass fewer: group related settings into one JSON value, or put them in a file of a data channel.",
+        )
+    env_names: dict[str, str] = {}
+    for key, value in hyperparameters.items():
+        if not isinstance(key, str):
+            raise WorkshopError(f"Hyperparameter name {key!r} is not text.", "use names like 'epochs' or 'batch-size'.")
+        text = value if isinstance(value, str) else json.dumps(value)
+        for what, item, limit in (("name", key, shapes["hp_key"].get("max", 256)),
+                                  ("value", text, shapes["hp_value"].get("max", 2500))):
+            shown = item if len(item) <= 60 else item[:57] + "..."
+            if len(item) > limit:
+                raise WorkshopError(
+                    f"Hyperparameter {what} {shown!r} is {len(item)} characters, longer than {limit} characters, "
+                    f"CreateTrainingJob's limit ({shapes['source']}).",
+                    "shorten it, or pass large settings as a file in a data channel.",
+                )
+            if "'" in item:
+                raise WorkshopError(
+                    f"Hyperparameter {key!r}: its {what} {shown!r} contains a single quote ('), which the container "
+                    f"cannot receive: SDK v3's sm_train.sh writes each hyperparameter into {_ENV_FILE} as "
+                    "export SM_HP_<KEY>='<value>' (and all of them inside SM_HPS='<json>') without escaping, "
+                    "then sources it, so the quote ends the string early and the job fails before the script starts.",
+                    "leave the single quote out (rephrase, or use a typographic apostrophe), or pass the text in a "
+                    "file of a data channel.",
+                )
+            if any(t in item for t in _LINE_TERMINATORS):
+                raise WorkshopError(
+                    f"Hyperparameter {key!r}: its {what} {shown!r} contains a line break, which CreateTrainingJob "
+                    f"rejects: each key and value must match the pattern `.*` ({shapes['source']}), and `.` "
+                    "matches no line break.",
+                    "put it on one line (e.g. join the lines with '; '), or pass multi-line text in a file of a "
+                    "data channel.",
+                )
+        if not _HP_KEY.fullmatch(key):
+            raise WorkshopError(
+                f"Hyperparameter name {key!r} cannot be part of an environment variable name: sm_train.sh exports "
+                f"it as SM_HP_{key.replace('-', '_').upper()} in {_ENV_FILE}, and bash refuses that name, which "
+                "fails the job at start.",
+                "use only letters, digits, '-' and '_' in hyperparameter names (the script's flags have that form).",
+            )
+        name = "SM_HP_" + key.replace("-", "_").upper()
+        if name in env_names:
+            raise WorkshopError(
+                f"Hyperparameters {env_names[name]!r} and {key!r} both become {name} in the container's "
+                f"{_ENV_FILE}; one would silently replace the other.",
+                "pass one of them only (scripts read '-' and '_' the same way).",
+            )
+        env_names[name] = key
+
+
+def check_role(role: str, source: str = "role") -> str:
+    """`role` if CreateTrainingJob could take it (as an ARN: its RoleArn pattern and length) or it
+    is an IAM role name that resolves to one; WorkshopError otherwise. Offline."""
+    role = str(role).strip()
+    shape = _create_training_job_shapes()["role_arn"]
+    if role.startswith("arn:"):
+        ok = (bool(aws._ROLE_ARN.match(role)) and bool(re.fullmatch(shape["pattern"], role))
+              and shape.get("min", 20) <= len(role) <= shape.get("max", 2048))
+    else:
+        ok = bool(aws._ROLE_NAME.match(role))
+    if not ok:
+        raise WorkshopError(
+            f"{source} is not an IAM role ARN or role name: {role!r}.",
+            "use the form arn:aws:iam::<12-digit account>:role/<name>, or a role name (letters, digits and "
+            "+=,.@_-, up to 64 characters).",
+        )
+    return role
 
 
 # --------------------------------------------------------------------------- the plan
@@ -205,6 +549,29 @@ class JobPlan:
     output_s3_uri: str | None = None
     notes: tuple[str, ...] = ()
     custom_image: bool = False  # image_uri was the caller's, not SageMaker's framework image
+    # What the route can run on, for checks and for what preflight may suggest instead: only these
+    # types (empty: any training type), never these families (e.g. p3 for a CUDA 13 image).
+    allowed_instance_types: tuple[str, ...] = ()
+    excluded_instance_families: tuple[str, ...] = ()
+    # Input channels the launcher adds (channel, S3 URI), e.g. lab 2's `horovod` wheels.
+    extra_inputs: tuple[tuple[str, str], ...] = ()
+    # (why, fix) for what the launcher must fetch from the internet at run time (`check_internet`).
+    internet_needs: tuple[tuple[str, str], ...] = ()
+
+    def allows(self, instance_type: str) -> bool:
+        """Whether this job, as planned, could run on `instance_type` instead: a training type the
+        route and the image support, of the planned type's kind (GPU, Trainium/Inferentia or plain
+        CPU: the image and the build differ), with a GPU per process."""
+        if instance_type not in training_instance_types():
+            return False
+        if self.allowed_instance_types and instance_type not in self.allowed_instance_types:
+            return False
+        if _kind(instance_type) != _kind(self.instance_type):
+            return False
+        gpu = is_gpu_instance(instance_type)
+        if gpu and _family(instance_type) in self.excluded_instance_families:
+            return False
+        return not (gpu and self.procs_per_host and gpus_per_instance(instance_type, self.region) < self.procs_per_host)
 
 
 def _positive_int(value: Any, what: str, fix: str) -> int:
@@ -292,12 +659,17 @@ def plan_job(
     tags: Mapping[str, str] | Sequence[Any] | None = None,
     train_samples: int | None = None,
     image_uri: str | None = None,
+    allow_unsupported_image: bool = False,
 ) -> JobPlan:
     """Check a job and settle its details, offline. Every user error is raised here.
 
     `train_samples` (when the data is known) lets the script's `check_args` check the
     per-rank share of the data too. `image_uri` replaces the lab's SageMaker framework image
     (e.g. lab 2's image with Horovod built in, from 2_horovod/docker/Dockerfile).
+    Besides the lab's own checks, it refuses what CreateTrainingJob would reject (an instance
+    type it does not list, hyperparameters over its limits) or the container could not receive
+    (`check_hyperparameters`), and an image past its end of patch (`IMAGE_SUPPORT`) unless
+    `allow_unsupported_image`.
     """
     lab = get_lab(lab) if isinstance(lab, str) else lab
     defaults = lab.sagemaker
@@ -310,6 +682,7 @@ def plan_job(
             "run this lab with mode = 'local' for now.",
         )
     hyperparameters = dict(hyperparameters or {})
+    check_hyperparameters(hyperparameters)
     notes: list[str] = []
 
     instance_type = defaults.instance_type if instance_type is None else instance_type
@@ -317,6 +690,13 @@ def plan_job(
         raise WorkshopError(
             f"Not a SageMaker training instance type: {instance_type!r}.",
             "use the ml. form, e.g. instance_type='ml.g5.xlarge' (or 'ml.m5.xlarge' for CPU).",
+        )
+    _check_instance_type(instance_type)
+    allowed = tuple(getattr(defaults, "instance_types", ()) or ())
+    if allowed and instance_type not in allowed:
+        raise WorkshopError(
+            f"Lab {lab.key!r} runs on SageMaker only on {', '.join(allowed)} (its route needs them), not {instance_type}.",
+            f"pick one of those, e.g. instance_type={allowed[0]!r}.",
         )
     count_fix = "pass hosts=1 or more (CLI: --hosts)."
     count = defaults.instance_count if instance_count is None else instance_count
@@ -362,12 +742,25 @@ def plan_job(
                 f"library supports only {', '.join(SMDDP_INSTANCE_TYPES)}.",
                 "use backend=auto or nccl on this instance type, or instance_type='ml.p4d.24xlarge'.",
             )
-        if framework not in ("pytorch", "pytorch-smp"):
+        if framework.split("-")[0] != "pytorch":
             raise WorkshopError(
                 f"backend=smddp needs a PyTorch image; lab {lab.key!r} uses {framework}.",
                 "drop the backend hyperparameter.",
             )
-        if framework == "pytorch" and version not in ("2.5", "2.5.1"):
+        if framework != "pytorch-smp" and image_support(framework, version) != image_support(
+            SMDDP_IMAGE["framework"], SMDDP_IMAGE["framework_version"]
+        ):
+            old = image_support(SMDDP_IMAGE["framework"], SMDDP_IMAGE["framework_version"])
+            if not allow_unsupported_image:
+                raise WorkshopError(
+                    "backend=smddp needs SageMaker's data-parallel library (smdistributed.dataparallel), "
+                    "which ships only in the PyTorch 2.5 training image and the SMP v2 image; both passed "
+                    f"their end of patch on {old.end_of_patch}, and no supported image has it (the "
+                    f"{defaults.framework} {defaults.framework_version} image this lab uses is built without it).",
+                    "use backend=nccl (or auto, which picks NCCL on GPUs): it is what the supported images use "
+                    "on p4d/p5, over EFA; or pass allow_unsupported_image=True (CLI: --allow-unsupported-image) "
+                    "to run the unpatched PyTorch 2.5 image anyway.",
+                )
             framework, version, py_version = SMDDP_IMAGE.values()
             container_version = None
             notes.append(
@@ -390,7 +783,17 @@ def plan_job(
                 "pass e.g. image_uri='123456789012.dkr.ecr.us-east-1.amazonaws.com/workshop-horovod:0.28.1'.",
             )
         notes.append(f"image: {image_uri} (yours, instead of the {framework} {version} framework image)")
+        excluded: tuple[str, ...] = ()
     else:
+        notes.append(check_image_supported(framework, version, allow_unsupported_image=allow_unsupported_image))
+        support = image_support(framework, version)
+        excluded = support.no_gpu_families if support else ()
+        if is_gpu_instance(instance_type) and _family(instance_type) in excluded:
+            raise WorkshopError(
+                f"The {support.label} cannot use the GPUs of {instance_type}: it is built with CUDA 13, which "
+                f"dropped support for the GPUs of the {', '.join(excluded)} families (Volta and older).",
+                "use a newer GPU instance type, e.g. ml.g5.xlarge (A10G), ml.g4dn.xlarge (T4) or ml.p4d.24xlarge (A100).",
+            )
         image_uri = _retrieve_image(framework, version, py_version, region, instance_type, container_version)
 
     user = aws.user_prefix()
@@ -398,7 +801,7 @@ def plan_job(
     if not base:
         raise WorkshopError(f"Invalid base job name {base_job_name!r}.", "use letters, digits and '-'.")
 
-    return JobPlan(
+    plan = JobPlan(
         lab=lab,
         region=region,
         hyperparameters=hyperparameters,
@@ -418,7 +821,11 @@ def plan_job(
         output_s3_uri=output_s3_uri,
         notes=tuple(notes),
         custom_image=custom_image,
+        allowed_instance_types=allowed,
+        excluded_instance_families=excluded,
     )
+    check = LAUNCHER_CHECKS.get(defaults.launcher)  # the launcher's own offline checks
+    return check(plan) if check else plan
 
 
 def _describe_plan(plan: JobPlan) -> None:
@@ -511,8 +918,10 @@ def _build_from_plan(plan: JobPlan, role: str, session: Any, validate_role: bool
     except RoleValidationError as exc:
         raise WorkshopError(
             f"The role {role} cannot run SageMaker training jobs: {exc}",
-            "grant what the message lists, or pass another role; "
-            f"{_VALIDATE_ROLE_ENV}=false skips this check.",
+            f"grant {role} the missing permissions listed above; or create (or update) the workshop's "
+            "own least-privilege role, which has them, with `python -m workshop role` "
+            "(workshop.infra.ensure_role()) and pass its ARN; or pass another role. "
+            f"{_VALIDATE_ROLE_ENV}=false skips this check, and the job then fails inside SageMaker instead.",
         ) from None
     except NoCredentialsError:
         raise WorkshopError("No AWS credentials found.", aws.CREDENTIALS_FIX) from None
@@ -565,11 +974,12 @@ def build_trainer(
     tags: Mapping[str, str] | Sequence[Any] | None = None,
     validate_role: bool | None = None,
     image_uri: str | None = None,
+    allow_unsupported_image: bool = False,
 ) -> ModelTrainer:
     """The lab's SDK v3 `ModelTrainer`, checked by `plan_job` first.
 
     Image from `sagemaker.core.image_uris.retrieve` (CPU or GPU by instance type; the PyTorch
-    2.5 image for smddp), the lab's `code/` as `SourceCode`, the lab's launcher as
+    2.5 image for smddp, only with `allow_unsupported_image`), the lab's `code/` as `SourceCode`, the lab's launcher as
     `distributed`, a `StoppingCondition` on every job, a `CheckpointConfig` with
     `SM_CHECKPOINT_DIR` pointing at it, `METRICS` regexes, and workshop/user/lab tags.
     `validate_role`: None leaves the SDK's IAM check (iam:SimulatePrincipalPolicy) as the
@@ -593,6 +1003,7 @@ def build_trainer(
         base_job_name=base_job_name,
         tags=tags,
         image_uri=image_uri,
+        allow_unsupported_image=allow_unsupported_image,
     )
     _describe_plan(plan)
     session = sagemaker_session or aws.sagemaker_session(region=region)
@@ -686,9 +1097,12 @@ def _input_data(inputs: Mapping[str, str]) -> list[Any]:
     return channels
 
 
-def data_prefix(user: str | None = None) -> str:
-    """S3 key prefix of the MNIST channels: one copy per user, shared by every lab."""
-    return f"{aws.WORKSHOP_NAME}/{user or aws.user_prefix()}/data/mnist"
+def data_prefix(user: str | None = None, key_prefix: str | None = None) -> str:
+    """S3 key prefix of the MNIST channels: one copy per user, shared by every lab, under the
+    SDK's default key prefix when the SDK config sets one (`key_prefix`; None: read it from the
+    config), next to the jobs' own files, where the workshop role may read it."""
+    key_prefix = aws.sdk_key_prefix() if key_prefix is None else key_prefix
+    return aws.s3_key(key_prefix, aws.WORKSHOP_NAME, user or aws.user_prefix(), "data/mnist")
 
 
 def _data_uris(bucket: str) -> dict[str, str]:
@@ -720,7 +1134,8 @@ def _dry_run_from_plan(plan: JobPlan, role: str, inputs: Mapping[str, str] | Non
         boto.events.register("before-parameter-build.sagemaker.CreateTrainingJob", capture)
         session = aws.sagemaker_session(boto)
         trainer = _build_from_plan(plan, role, session, validate_role=False)
-        channels = _input_data(inputs if inputs is not None else _data_uris(session.default_bucket()))
+        data = dict(inputs) if inputs is not None else _data_uris(session.default_bucket())
+        channels = _input_data({**data, **dict(plan.extra_inputs)})  # plus the launcher's channels
         try:
             trainer.train(input_data_config=channels, wait=False, logs=False)
         except _Captured:
@@ -781,6 +1196,7 @@ def dry_run(
     train_samples: int | None = None,
     network: bool | str = False,
     image_uri: str | None = None,
+    allow_unsupported_image: bool = False,
 ) -> DryRunRequest:
     """The exact CreateTrainingJob request SDK v3 would send, with no credentials at all.
 
@@ -793,9 +1209,12 @@ def dry_run(
     `network` (True, "endpoints" or "nat"): show the job in the workshop network, with
     placeholder subnet and security group ids (`workshop.infra.ensure_network` makes real ones).
     Also prints the network, role and cost, and which preflight checks need an account.
+    Like the real path, it refuses what CreateTrainingJob would reject (the role's form
+    included) before anything is built.
     """
     from workshop import infra
 
+    role_arn = _dry_run_role(role)
     egress = network_egress(network, subnets)
     if egress:
         subnets, security_group_ids = [DRY_RUN_SUBNET], [DRY_RUN_SECURITY_GROUP]
@@ -821,12 +1240,15 @@ def dry_run(
         tags=tags,
         train_samples=train_samples,
         image_uri=image_uri,
+        allow_unsupported_image=allow_unsupported_image,
     )
+    # The launcher's channels at the placeholder account's bucket; nothing is looked up.
+    plan, _ = prepare_launcher(plan, f"sagemaker-{region}-{PLACEHOLDER_ACCOUNT}", None)
+    plan = check_internet(plan, egress)
     if show:
         if region_note:
             _say(f"region {region}{region_note}")
         _describe_plan(plan)
-    role_arn = _dry_run_role(role)
     if show:
         for line in infra.dry_run_lines(plan, role_arn, egress):
             _say(line)
@@ -856,12 +1278,22 @@ def network_egress(network: bool | str | None, subnets: Sequence[str] | None = N
     return egress
 
 
+def _given_role(role: str | None) -> tuple[str, str]:
+    """(role, where it came from): the argument, else `$WORKSHOP_ROLE_ARN`; ("", "") for neither."""
+    if role is not None and str(role).strip():
+        return str(role).strip(), "role"
+    env = os.environ.get(aws.ROLE_ENV, "").strip()
+    return (env, f"${aws.ROLE_ENV}") if env else ("", "")
+
+
 def _dry_run_role(role: str | None) -> str:
     """The role a dry run shows: the given one (a bare name in the placeholder account),
-    `$WORKSHOP_ROLE_ARN`, or the placeholder. Nothing is looked up: no credentials here."""
-    role = (role or os.environ.get(aws.ROLE_ENV, "")).strip()
+    `$WORKSHOP_ROLE_ARN`, or the placeholder. Its form is checked as CreateTrainingJob would;
+    nothing is looked up: no credentials here."""
+    role, source = _given_role(role)
     if not role:
         return PLACEHOLDER_ROLE_ARN
+    check_role(role, source)
     if role.startswith("arn:"):
         return role
     return f"arn:aws:iam::{PLACEHOLDER_ACCOUNT}:role/{role}"
@@ -1138,6 +1570,7 @@ def run_lab_on_sagemaker(
     network: bool | str = False,
     create_role: bool = False,
     image_uri: str | None = None,
+    allow_unsupported_image: bool = False,
 ) -> JobResult | DryRunRequest:
     """Run a lab as a SageMaker training job (or, with `dry_run`, show the request only).
 
@@ -1150,6 +1583,7 @@ def run_lab_on_sagemaker(
     run `workshop.infra.cleanup()` when done); `create_role` creates or reuses the workshop's
     least-privilege execution role (`workshop.infra.ensure_role`) when no role is given.
     `image_uri`: your own training image instead of the lab's framework image.
+    `allow_unsupported_image`: run a framework image past its end of patch anyway (smddp needs one).
     """
     from workshop import infra
 
@@ -1173,6 +1607,7 @@ def run_lab_on_sagemaker(
             max_run_s=max_run_s,
             network=network,
             image_uri=image_uri,
+            allow_unsupported_image=allow_unsupported_image,
         )
 
     _say("step 1/5: checking the job")
@@ -1193,7 +1628,12 @@ def run_lab_on_sagemaker(
         security_group_ids=security_group_ids,
         max_run_s=max_run_s,
         image_uri=image_uri,
+        allow_unsupported_image=allow_unsupported_image,
     )
+    plan = check_internet(plan, egress)
+    given_role, role_source = _given_role(role)
+    if given_role:
+        check_role(given_role, role_source)  # its form, before credentials are looked for
     _describe_plan(plan)
     _say("step 2/5: AWS credentials, the execution role, and the preflight checks")
     identity = aws.require_credentials(boto)
@@ -1205,6 +1645,14 @@ def run_lab_on_sagemaker(
     else:
         role_arn = infra.resolve_role(role, boto)
     _say(f"the job runs as {role_arn}")
+    # The launcher's own look-ups (read-only, e.g. lab 2's Horovod wheel in S3), then the
+    # internet check again with what they found; the bucket is named, not created, here.
+    session = aws.sagemaker_session(boto)
+    known = len(plan.notes)
+    plan, prep_steps = prepare_launcher(plan, aws.sdk_bucket(session), boto)
+    plan = check_internet(plan, egress)
+    for note in plan.notes[known:]:
+        _say(note)
     infra.preflight(plan, role_arn, boto, identity=identity, network_egress=egress, creating_role=creating_role)
     if not _prepared(data_dir):
         from workshop.data import prepare_mnist
@@ -1226,14 +1674,18 @@ def run_lab_on_sagemaker(
         for line in net.lines():
             _say(line)
         plan = dataclasses.replace(plan, **net.job_args())
-    session = aws.sagemaker_session(boto)
+    for step in prep_steps:  # e.g. lab 2's one-time Horovod build job
+        _say(step.what)
+        step.run(plan, role_arn, session)
     trainer = _build_from_plan(plan, role_arn, session, validate_role=None)
 
     _say("step 4/5: uploading the MNIST channels (unchanged files are skipped)")
     from workshop.data import upload_channels
 
     bucket = aws.default_bucket(session)
-    inputs = dict(upload_channels(data_dir, bucket, data_prefix(), boto_session=boto))
+    inputs = dict(upload_channels(data_dir, bucket, data_prefix(key_prefix=aws.sdk_key_prefix(session)),
+                                  boto_session=boto))
+    inputs.update(plan.extra_inputs)  # the launcher's channels (lab 2: `horovod`, its wheels)
 
     _say("step 5/5: submitting")
     return submit(trainer, inputs, wait=wait, logs=wait)

@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=1, help="seed for weights and shuffling")
     g.add_argument(
         "--backend", choices=("auto", "gloo", "nccl", "smddp"), default="auto",
-        help="process-group backend; auto: smddp where SageMaker supports it, nccl on other GPUs, gloo on CPU",
+        help="process-group backend; auto: smddp where SageMaker supports it and the image has it (only "
+             "images past their end of patch do), nccl on other GPUs, gloo on CPU",
     )
     g.add_argument("--log-interval", type=int, default=20, help="steps between train-loss lines")
     g.add_argument(
@@ -197,9 +198,9 @@ def choose_backend(requested: str, cuda: bool) -> tuple[str, str]:
         except ImportError as exc:
             if requested == "smddp":
                 raise RuntimeError(
-                    "--backend smddp, but the smdistributed.dataparallel library is not installed. "
-                    "Fix: use the SageMaker PyTorch 2.5 training image (or the model-parallel image), "
-                    "or --backend auto."
+                    "--backend smddp, but the smdistributed.dataparallel library is not installed (only the "
+                    "SageMaker PyTorch 2.5 and model-parallel images have it, both past their end of patch). "
+                    "Fix: --backend auto (NCCL on GPUs), or run one of those images knowingly."
                 ) from exc
     if requested == "smddp":
         where = instance or "this machine (not a SageMaker instance)"
@@ -215,6 +216,21 @@ def choose_backend(requested: str, cuda: bool) -> tuple[str, str]:
         reason = f"{instance} is not a smddp instance type" if instance else "not on a smddp instance type"
         return "nccl", f"nccl: GPUs are visible and {reason}"
     return "gloo", "gloo: no GPU is visible, and gloo is PyTorch's CPU backend"
+
+
+def set_gloo_interface(backend: str) -> str | None:
+    """Point gloo at the network interface SageMaker names (SM_NETWORK_INTERFACE_NAME, e.g. eth0).
+
+    Without GLOO_SOCKET_IFNAME, gloo picks the address its hostname resolves to, which on a
+    multi-host CPU job can be one the peers cannot reach. NCCL's counterpart, NCCL_SOCKET_IFNAME,
+    is set by SDK v3's torchrun driver; gloo's is not. A value already set is left alone.
+    Returns the interface it set, or None.
+    """
+    interface = os.environ.get("SM_NETWORK_INTERFACE_NAME", "").strip()
+    if backend != "gloo" or not interface or os.environ.get("GLOO_SOCKET_IFNAME"):
+        return None
+    os.environ["GLOO_SOCKET_IFNAME"] = interface
+    return interface
 
 
 def weights_digest(model: nn.Module) -> str:
@@ -267,7 +283,10 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     rank, world_size, local_rank, local_world_size = distributed_env()
 
-    cpus = int(os.environ.get("SM_NUM_CPUS", os.cpu_count() or 1))
+    # The host's CPUs (SM_NUM_CPUS), or fewer if this process may use fewer (a simulated host pinned
+    # to its share of a laptop's cores): one thread pool per rank, sized so ranks do not fight.
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = min(int(os.environ.get("SM_NUM_CPUS", usable)), usable)
     threads = args.threads or max(1, cpus // local_world_size)
     torch.set_num_threads(threads)
     torch.manual_seed(args.seed)
@@ -285,6 +304,7 @@ def main(argv=None) -> int:
     backend, why = choose_backend(args.backend, cuda)
     distributed = world_size > 1
     if distributed:
+        set_gloo_interface(backend)  # DDP: gloo talks over the interface SageMaker names, not a guess
         # DDP: join the process group; torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT say how.
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
 
@@ -294,6 +314,7 @@ def main(argv=None) -> int:
         "world_size": world_size,
         "backend": backend,
         "backend_reason": why,
+        "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
         "device": str(device),
         "threads_per_rank": threads,
         "global_batch_size": args.batch_size * world_size,

@@ -29,11 +29,13 @@ Run it (from the lab folder; prepare the channels once with `python -m workshop.
     python code/train.py --train data/corpus/train --test data/corpus/test
     torchrun --nproc-per-node 2 code/train.py --sharding full_shard ...
     python -m workshop run model_parallel               # 2 simulated SageMaker hosts
-    # On SageMaker: ModelTrainer(distributed=Torchrun(smp=SMP(...))) (see the notebook).
+    # On SageMaker: ModelTrainer(distributed=Torchrun()) on the PyTorch image (see the notebook).
 
-On the SageMaker model-parallel image (`torch.sagemaker` importable) it calls `tsm.init()` with the
-`SMP(...)` settings the SDK passes (--mp_parameters, also in SM_DISTRIBUTED_CONFIG) and applies
-them; without the library, plain PyTorch does the same work with the same settings.
+Given `SMP(...)` settings (--mp_parameters, also in SM_DISTRIBUTED_CONFIG; the opt-in SMP route), it
+maps them onto its own flags (hybrid sharding degree; checkpointing + offloading) and, on the
+SageMaker model-parallel image (`torch.sagemaker` importable), also calls `tsm.init()` with them.
+The sharding itself is always PyTorch's FSDP2: SMP's own implementation hooks PyTorch's FSDP1
+`FullyShardedDataParallel`, which this script does not use, so SMP's code paths are not exercised.
 gloo on CPU, nccl on GPUs. The lines that make it distributed carry a `DIST:` comment.
 """
 
@@ -375,6 +377,21 @@ def distributed_env() -> tuple[int, int, int, int]:
             int(env.get("LOCAL_RANK", 0)), int(env.get("LOCAL_WORLD_SIZE", 1)))
 
 
+def set_gloo_interface(backend: str) -> str | None:
+    """Point gloo at the network interface SageMaker names (SM_NETWORK_INTERFACE_NAME, e.g. eth0).
+
+    Without GLOO_SOCKET_IFNAME, gloo picks the address its hostname resolves to, which on a
+    multi-host CPU job can be one the peers cannot reach. NCCL's counterpart, NCCL_SOCKET_IFNAME,
+    is set by SDK v3's torchrun driver; gloo's is not. A value already set is left alone.
+    Returns the interface it set, or None.
+    """
+    interface = os.environ.get("SM_NETWORK_INTERFACE_NAME", "").strip()
+    if backend != "gloo" or not interface or os.environ.get("GLOO_SOCKET_IFNAME"):
+        return None
+    os.environ["GLOO_SOCKET_IFNAME"] = interface
+    return interface
+
+
 def fsdp_api():
     """FSDP2's fully_shard: torch.distributed.fsdp (2.6+), or its 2.5 home (the SMP v2 image)."""
     try:
@@ -464,7 +481,10 @@ def main(argv=None) -> int:
             "buffer, to measure what would move and what it costs), or run on a GPU instance."
         )
 
-    cpus = int(os.environ.get("SM_NUM_CPUS", os.cpu_count() or 1))
+    # The host's CPUs (SM_NUM_CPUS), or fewer if this process may use fewer (a simulated host pinned
+    # to its share of a laptop's cores): one thread pool per rank, sized so ranks do not fight.
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = min(int(os.environ.get("SM_NUM_CPUS", usable)), usable)
     torch.set_num_threads(args.threads or max(1, cpus // local_world_size))
 
     # Read the data before joining the process group: a missing channel fails every rank at once.
@@ -478,6 +498,7 @@ def main(argv=None) -> int:
     backend = args.backend if args.backend != "auto" else ("nccl" if cuda else "gloo")
     distributed = world_size > 1
     if distributed:
+        set_gloo_interface(backend)  # DIST: gloo talks over the interface SageMaker names, not a guess
         # DIST: join the process group; torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT say how
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
     smp_library = init_smp(smp, rank) if smp else False
@@ -501,7 +522,7 @@ def main(argv=None) -> int:
     replicas = world_size // shard
     config = {
         "args": {k: v for k, v in vars(args).items()}, "world_size": world_size, "backend": backend,
-        "device": str(device), "technique": how, "shard_group_size": shard, "data_parallel_replicas": replicas,
+        "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "device": str(device), "technique": how, "shard_group_size": shard, "data_parallel_replicas": replicas,
         "sequences_per_rank": micro, "parameters": n_params, "dtype": str(dtype).replace("torch.", ""),
         "smp": smp, "smp_library": smp_library, "torch": torch.__version__, "python": platform.python_version(),
         "host": os.environ.get("SM_CURRENT_HOST", platform.node()),

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -133,6 +134,11 @@ def test_three_hosts_reach_the_accuracy_bar_with_variables_on_the_ps(tmp_path, c
     totals = {r["worker"]: r["worker_total_steps"] for r in result.records if "worker_total_steps" in r}
     assert sorted(totals) == [1, 2] and sum(totals.values()) == 300
     assert not processes_with_marker_in(result)
+    # Each host has its own /opt/ml/checkpoints, as on SageMaker: the whole checkpoint (every
+    # parameter server's shard) is written through the coordinator, on algo-1.
+    algo1, *others = [h.checkpoint_dir for h in result.hosts]
+    assert len(list(algo1.glob("ckpt-300.data-*-of-*"))) == 4 and (algo1 / "ckpt-300.index").is_file()
+    assert not any(any(d.iterdir()) for d in others)
     # The model loads back, without the training code, and scores the same.
     check = (
         "import sys, numpy as np, tensorflow as tf\n"
@@ -168,12 +174,28 @@ def _find(cluster_workdir, role: str, host: str, timeout: float = 120):
             for p in psutil.process_iter(["pid"]):
                 try:
                     cmd = p.cmdline()
-                    if "--role" in cmd and cmd[cmd.index("--role") + 1] == role and p.cwd().startswith(str(cluster_workdir / host)):
+                    # The host a process runs on: SM_CURRENT_HOST (its cwd is the container's
+                    # /opt/ml/input/data/code on every host of the container runtime).
+                    if ("--role" in cmd and cmd[cmd.index("--role") + 1] == role
+                            and p.environ().get("SM_CURRENT_HOST") == host
+                            and str(cluster_workdir) in p.environ().get("SM_MODEL_DIR", "") + str(_sandbox_of(p))):
                         return p
                 except (psutil.NoSuchProcess, psutil.AccessDenied, OSError, IndexError):
                     continue
         time.sleep(0.2)
     raise AssertionError(f"no {role} process on {host} in training")
+
+
+def _sandbox_of(p) -> str:
+    """The host folder a process's /opt/ml is (container runtime), from its mount table."""
+    try:
+        for line in Path(f"/proc/{p.pid}/mountinfo").read_text().splitlines():
+            fields = line.split()
+            if fields[4] == "/opt/ml":
+                return fields[3]
+    except OSError:
+        pass
+    return ""
 
 
 def _run_and_kill(tmp_path, channels, role, host, hps):

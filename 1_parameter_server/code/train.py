@@ -207,11 +207,18 @@ def evaluate(tf, model, images, labels) -> tuple[float, float]:
 # ----------------------------------------------------------------------------- roles
 
 
+MIN_INTER_OP_THREADS = 4
+
+
 def configure_threads(tf, threads: int):
     tf.config.threading.set_intra_op_parallelism_threads(threads)
-    # Inter-op threads stay at TensorFlow's default: with one, a function waiting for a
-    # remote tensor can block the very thread that would produce it (a deadlock).
-    return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads)
+    # Inter-op threads: TensorFlow's default is one per CPU this process may use, and with one, a
+    # function waiting for a remote tensor blocks the very thread that would produce it (a
+    # deadlock, met on a host with a single CPU). So never fewer than MIN_INTER_OP_THREADS.
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    inter = max(MIN_INTER_OP_THREADS, usable)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
+    return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=inter)
 
 
 def run_server(tf, args, resolver) -> int:
@@ -291,8 +298,13 @@ def run_coordinator(tf, args, resolver) -> int:
     # Resume: the checkpoint holds the variables, their momentum and the step count.
     checkpoint = tf.train.Checkpoint(model=model, slots=slots, step=step_counter)
     manager = tf.train.CheckpointManager(checkpoint, args.checkpoint_dir, max_to_keep=2)
+    # PS: by default each parameter server writes its own variables' shard to the checkpoint path
+    # on its own host's disk, and one of them merges the parts: that needs a file system every host
+    # shares. SageMaker's /opt/ml/checkpoints is per host, so all checkpoint I/O goes through the
+    # coordinator's CPU instead: the whole checkpoint lands on algo-1, whose folder SageMaker syncs.
+    io = tf.train.CheckpointOptions(experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0")
     if manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint)
+        checkpoint.restore(manager.latest_checkpoint, options=io)
         print(f"Resumed from {manager.latest_checkpoint} at step {int(step_counter.numpy())}.", flush=True)
 
     def dataset_fn():
@@ -350,7 +362,7 @@ def run_coordinator(tf, args, resolver) -> int:
         test_loss, test_acc = evaluate(tf, model, test_x, test_y)
         metrics(rank=0, step=done, train_loss=float(np.mean(losses)), test_loss=test_loss,
                 test_accuracy=test_acc, steps_per_sec=n / elapsed)
-        manager.save(checkpoint_number=done)
+        manager.save(checkpoint_number=done, options=io)
 
     if not events:  # a finished run resumed: report the model as it is
         test_loss, test_acc = evaluate(tf, model, test_x, test_y)

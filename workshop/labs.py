@@ -206,7 +206,7 @@ LABS: dict[str, Lab] = {
             local_hyperparameters={"epochs": 3, "log-interval": 5},
             sagemaker=SageMakerDefaults(
                 **PYTORCH_IMAGE,
-                # CPU instances: the Horovod built at job start uses Gloo (see workshop.horovod).
+                # CPU instances: the workshop's Horovod wheel (built once per image) uses Gloo (see workshop.horovod).
                 instance_type="ml.c5.2xlarge",
                 instance_count=2,
                 launcher="horovod",

@@ -579,7 +579,9 @@ class _Run:
     def _read(self, host: HostResult, proc: subprocess.Popen) -> None:
         """Split a host's output into whole lines per rank, each tagged `[host/rank]`."""
         partial: dict[str, str] = {}  # rank -> text of a line not yet ended
-        with open(host.log_path, "w", encoding="utf-8") as log:
+        # Line-buffered: `tail -f runs/<job>/logs/algo-1.log` (or a test waiting for a line) sees
+        # each line as it comes, not a buffer's worth later.
+        with open(host.log_path, "w", encoding="utf-8", buffering=1) as log:
             for raw in iter(proc.stdout.readline, b""):
                 text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                 log.write(text + "\n")
@@ -648,7 +650,7 @@ class _Run:
     def run(self) -> tuple[int, str | None, list[str]]:
         t0 = self.t0 = time.monotonic()
         returncode, failure, failed_host = 0, None, None
-        with open(self.workdir / "logs" / "cluster.log", "w", encoding="utf-8") as combined:
+        with open(self.workdir / "logs" / "cluster.log", "w", encoding="utf-8", buffering=1) as combined:
             self._combined = combined
             try:
                 self._start()

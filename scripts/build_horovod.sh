@@ -168,7 +168,7 @@ done
 shopt -u nullglob
 
 # 3. Build from the sdist: the patched build lives in the Horovod driver's folder, so that
-#    SageMaker jobs (Horovod(install="build")) and the Dockerfile use the very same steps.
+#    lab 2's one-host SageMaker build job (hvd_build.py) and the Dockerfile use the very same steps.
 start=$SECONDS
 work="$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")"
 trap 'rm -rf "$work"' EXIT

@@ -45,7 +45,8 @@ from torch.utils.data.distributed import DistributedSampler
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 REBUILD_FIX = (
     "Fix: build Horovod with PyTorch support: `make horovod` in the workshop (or "
-    "HOROVOD_WITH_PYTORCH=1 when building it yourself); on SageMaker use Horovod(install='build') "
+    "HOROVOD_WITH_PYTORCH=1 when building it yourself); on SageMaker run the job with "
+    "workshop.sagemaker_jobs.run_lab_on_sagemaker (it installs the wheel built once for the image) "
     "or the image from 2_horovod/docker/Dockerfile."
 )
 
@@ -226,7 +227,10 @@ def main(argv=None) -> int:
     rank, size, local_rank, local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
     check_args(args, size, train_samples=len(train_set))
 
-    cpus = int(os.environ.get("SM_NUM_CPUS", os.cpu_count() or 1))
+    # The host's CPUs (SM_NUM_CPUS), or fewer if this process may use fewer (a simulated host pinned
+    # to its share of a laptop's cores): one thread pool per rank, sized so ranks do not fight.
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = min(int(os.environ.get("SM_NUM_CPUS", usable)), usable)
     threads = args.threads or max(1, cpus // local_size)
     torch.set_num_threads(threads)
     torch.manual_seed(args.seed + rank)  # different on purpose: the broadcast below must make them equal

@@ -40,7 +40,8 @@ import numpy as np  # noqa: E402
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 REBUILD_FIX = (
     "Fix: build Horovod with TensorFlow support: `make horovod` in the workshop (or "
-    "HOROVOD_WITH_TENSORFLOW=1 when building it yourself); on SageMaker use Horovod(install='build') "
+    "HOROVOD_WITH_TENSORFLOW=1 when building it yourself); on SageMaker run the job with "
+    "workshop.sagemaker_jobs.run_lab_on_sagemaker (it installs the wheel built once for the image) "
     "or the image from 2_horovod/docker/Dockerfile."
 )
 
@@ -188,7 +189,10 @@ def main(argv=None) -> int:
     hvd.init()  # Horovod: join the job; rank, size and local rank come from the launcher's HOROVOD_* variables
     rank, size, local_size = hvd.rank(), hvd.size(), hvd.local_size()
     check_args(args, size, train_samples=len(train_x))
-    cpus = int(os.environ.get("SM_NUM_CPUS", os.cpu_count() or 1))
+    # The host's CPUs (SM_NUM_CPUS), or fewer if this process may use fewer (a simulated host pinned
+    # to its share of a laptop's cores): one thread pool per rank, sized so ranks do not fight.
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = min(int(os.environ.get("SM_NUM_CPUS", usable)), usable)
     threads = args.threads or max(1, cpus // local_size)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)

@@ -2,11 +2,20 @@
 # Build Horovod 0.28.1 from its PyPI source distribution for today's frameworks, with Gloo.
 #
 #   build_horovod.sh [--python PY] [--frameworks pytorch,tensorflow] [--wheel-dir DIR] [--install] [--gpu]
+#                    [--cache-dir DIR | --no-cache]
 #
 # One script, three users: the workshop's set-up (`make horovod`, through
-# scripts/build_horovod.sh, which adds a wheel cache and checks), the Horovod driver on a
-# SageMaker host (Horovod(install="build"): no current SageMaker image ships Horovod), and
-# 2_horovod/docker/Dockerfile (a reusable image). It ships in the driver folder, so a job has it.
+# scripts/build_horovod.sh, which adds a wheel cache and checks), lab 2's one-host SageMaker
+# *build job* (hvd_build.py, run once per image and Horovod version by workshop.horovod: no
+# current SageMaker image ships Horovod), and 2_horovod/docker/Dockerfile (a reusable image).
+# It ships in the driver folder, so a job has it.
+#
+# The wheel cache: before compiling, a wheel from the set-up's cache
+# (${WORKSHOP_CACHE_DIR:-~/.cache/distributed-training-workshop}/wheels, or --cache-dir) is taken
+# when its `<wheel>.built-for` sidecar names exactly this Horovod version, Python tag, torch and
+# tensorflow versions and patch revision (what scripts/build_horovod.sh writes). Only the
+# workshop's own machines (and CI, whose build jobs run in the workshop's environment) have that
+# cache; a SageMaker instance has none, so there it always compiles. `--gpu` never uses it.
 #
 # Horovod 0.28.1 is source-only on PyPI and does not build as published against current
 # PyTorch and TensorFlow. Three patches, each checked to apply:
@@ -33,6 +42,9 @@ FRAMEWORKS=""
 WHEEL_DIR=""
 INSTALL=0
 GPU=0
+# The patch set's revision: equal to scripts/build_horovod.sh's PATCH_REV (a test keeps them equal).
+PATCH_REV=3
+CACHE_DIR="${WORKSHOP_CACHE_DIR:-${HOME:-/root}/.cache/distributed-training-workshop}/wheels"
 JOBS="${HOROVOD_BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -41,7 +53,9 @@ while [ $# -gt 0 ]; do
         --wheel-dir) WHEEL_DIR="$2"; shift 2 ;;
         --install) INSTALL=1; shift ;;
         --gpu) GPU=1; shift ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        --cache-dir) CACHE_DIR="$2"; shift 2 ;;
+        --no-cache) CACHE_DIR=""; shift ;;
+        -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -63,6 +77,33 @@ case ",$FRAMEWORKS," in *,tensorflow,*) with_tf=1 ;; esac
 start=$SECONDS
 work="$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
+built=()
+
+# A wheel built earlier for exactly this environment (the workshop's set-up cache), if any.
+if [ $GPU = 0 ] && [ -n "$CACHE_DIR" ] && [ -d "$CACHE_DIR" ]; then
+    read -r PY_TAG TORCH_VER TF_VER < <("$PY" - <<'PYEOF'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+def v(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "none"
+print(f"cp{sys.version_info[0]}{sys.version_info[1]}", v("torch"), v("tensorflow"))
+PYEOF
+)
+    BUILT_FOR="horovod=$HVD_VERSION python=$PY_TAG torch=$TORCH_VER tensorflow=$TF_VER patches=$PATCH_REV"
+    for whl in "$CACHE_DIR"/horovod-"$HVD_VERSION"-"$PY_TAG"-*.whl; do
+        if [ -f "$whl" ] && [ -f "$whl.built-for" ] && [ "$(cat "$whl.built-for")" = "$BUILT_FOR" ]; then
+            built=("$whl")
+            log "source: cached wheel $whl, built for the same $BUILT_FOR; nothing compiled"
+            break
+        fi
+    done
+    [ ${#built[@]} -gt 0 ] || log "no cached wheel in $CACHE_DIR for $BUILT_FOR: compiling"
+fi
+
+if [ ${#built[@]} -eq 0 ]; then
 log "building horovod $HVD_VERSION for $FRAMEWORKS with $PY ($JOBS jobs)"
 command -v cmake >/dev/null 2>&1 || "$PY" -m pip install --quiet "cmake<4"
 "$PY" -m pip download --quiet --no-deps --no-binary :all: -d "$work" "horovod==$HVD_VERSION"
@@ -95,7 +136,8 @@ env "${flags[@]}" MAKEFLAGS="-j$JOBS" \
     || { tail -n 60 "$work/build.log" >&2; cp "$work/build.log" "${TMPDIR:-/tmp}/horovod-build-failed.log";
          echo "build failed; full log: ${TMPDIR:-/tmp}/horovod-build-failed.log" >&2; exit 1; }
 built=("$work"/dist/horovod-"$HVD_VERSION"-*.whl)
-log "built $(basename "${built[0]}") in $((SECONDS - start)) s"
+log "source: compiled $(basename "${built[0]}") in $((SECONDS - start)) s"
+fi
 if [ -n "$WHEEL_DIR" ]; then
     mkdir -p "$WHEEL_DIR"
     cp "${built[0]}" "$WHEEL_DIR/"

@@ -25,18 +25,29 @@ without `ssh`: each host starts its own ranks.
   SM_NETWORK_INTERFACE_NAME, `lo` on the local cluster), so Gloo never guesses it.
 - Output is forwarded line by line, tagged `[<rank>]<stdout>:` as horovodrun tags it.
 
+- Every host waits for every other before starting ranks. SageMaker's instances start, and
+  finish their set-up (image pull, installing Horovod), minutes apart, while a rank waits for
+  its peers only HOROVOD_GLOO_TIMEOUT_SECONDS (`gloo_timeout_s`). So each host, once set up,
+  PUTs `workshop_ready/<host>` into the rendezvous server's key-value store on algo-1, and
+  no host starts its ranks (and the Gloo clock) until every host's key is there. The wait is
+  bounded by `rendezvous_wait_s` from the driver's start; past it the host fails naming the
+  hosts that never reported ready. A host whose set-up fails reports `failed: <why>`
+  under its key when it can, so the others stop at once with that reason.
+
 Failure: a rank that exits non-zero stops this host's other ranks and fails the host (exit
 status 1, failure file written); ranks on other hosts lose their Gloo peer and fail within
 HOROVOD_GLOO_TIMEOUT_SECONDS (`gloo_timeout_s`), so nothing waits for `max_run`. Hosts other
 than algo-1 wait at most `rendezvous_wait_s` for algo-1's rendezvous server, and stop their
 ranks if it disappears (algo-1 ended) while they still run, after `grace_s`.
 
-Horovod itself: no current SageMaker image ships it. With `install: "build"` in the config
-the driver builds Horovod 0.28.1 on each host before training, with `build_horovod.sh` from
-this folder (the same script and patches as the workshop's `make horovod`; minutes per job,
-paid on every host); with `install: "none"` it fails at once with the fix if Horovod or the
-framework's extension is missing. The reusable alternative is an image built from
-2_horovod/docker/Dockerfile.
+Horovod itself: no current SageMaker image ships it, and building it takes minutes. With
+`install: "wheel"` the job has an input channel `horovod` (SM_CHANNEL_HOROVOD) holding the
+wheel a one-host build job made once for this image (`hvd_build.py`, `workshop.horovod`) and
+the wheels of its dependencies: the driver installs from it with
+`pip install --no-index --find-links`, no PyPI needed. Where Horovod imports already (an image
+built from 2_horovod/docker/Dockerfile, `install: "none"`, or the local cluster) nothing is
+installed. Missing Horovod fails at once with the fix. On a host with GPUs (SM_NUM_GPUS > 0)
+a Horovod built without NCCL is refused: its ranks would silently train on the CPU.
 
 Standard library only, plus Horovod's runner modules once Horovod is importable.
 """
@@ -53,12 +64,21 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BUILD_SCRIPT = HERE / "build_horovod.sh"
 DEFAULT_FAILURE_FILE = "/opt/ml/output/failure"
 EXTENSIONS = {"pytorch": "horovod.torch", "tensorflow": "horovod.tensorflow"}
+HOROVOD_VERSION = "0.28.1"  # workshop.horovod.HOROVOD_VERSION (a test keeps them equal)
+WHEEL_CHANNEL_ENV = "SM_CHANNEL_HOROVOD"  # the `horovod` input channel of wheels
+READY_SCOPE = "workshop_ready"  # key-value scope on algo-1's rendezvous server: host -> ready/failed
+GPU_FIX = (
+    "use a CPU instance type (e.g. ml.c5.2xlarge: the workshop's Horovod wheel uses Gloo), or an image "
+    "whose Horovod is built with NCCL (2_horovod/docker/Dockerfile on a GPU base with "
+    "--build-arg HOROVOD_GPU=--gpu) passed as image_uri"
+)
 
 
 def log(message: str) -> None:
@@ -163,40 +183,148 @@ def start_rendezvous(port: int, hosts: list[str], procs: int):
 # ----------------------------------------------------------------------------- Horovod install
 
 
-def missing_extension(framework: str, python: str) -> str | None:
-    """None if Horovod with `framework` imports in `python`, else what failed."""
+def probe_horovod(framework: str, python: str) -> tuple[str | None, bool]:
+    """(None, nccl_built) if Horovod with `framework` imports in `python`, else (what failed, False)."""
     module = EXTENSIONS.get(framework, "horovod")
+    code = f"import {module} as hvd; print('NCCL_BUILT=%d' % int(bool(hvd.nccl_built())))"
     probe = subprocess.run(
-        [python, "-c", f"import {module}"], capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        [python, "-c", code], capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     )
     if probe.returncode == 0:
-        return None
+        return None, "NCCL_BUILT=1" in probe.stdout
     lines = [ln for ln in probe.stderr.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else f"`import {module}` exited with status {probe.returncode}"
+    return (lines[-1] if lines else f"`import {module}` exited with status {probe.returncode}"), False
 
 
-def ensure_horovod(framework: str, install: str, python: str) -> None:
-    problem = missing_extension(framework, python)
-    if problem is None:
-        return
-    if install != "build":
+def install_from_channel(channel: str, python: str, extra_args: list[str] | None = None) -> None:
+    """`pip install --no-index --find-links CHANNEL horovod==VERSION`: the channel's wheels only."""
+    wheels = sorted(p.name for p in Path(channel).glob("*.whl"))
+    if not any(name.startswith(f"horovod-{HOROVOD_VERSION}-") for name in wheels):
         raise RuntimeError(
-            f"Horovod with {framework} support is not importable in this image ({problem}). No current "
-            "SageMaker image ships Horovod. Fix: Horovod(install='build') builds it at job start "
-            "(minutes on every host), or build a reusable image from 2_horovod/docker/Dockerfile and "
-            "pass it as the training image."
+            f"the horovod channel ({channel}) has no horovod-{HOROVOD_VERSION} wheel (it has: "
+            f"{', '.join(wheels) or 'nothing'}). Fix: let workshop.horovod build it again (delete its "
+            "S3 prefix), or pass an image with Horovod as image_uri."
         )
-    log(f"Horovod with {framework} is not importable ({problem}); building it now with {BUILD_SCRIPT.name}")
+    cmd = [python, "-m", "pip", "install", "--no-index", "--find-links", channel, "--no-warn-script-location",
+           *(extra_args or []), f"horovod=={HOROVOD_VERSION}"]
+    log("installing Horovod from the horovod channel, no index: " + shlex.join(cmd))
     t0 = time.monotonic()
-    cmd = ["bash", str(BUILD_SCRIPT), "--python", python, "--frameworks", framework, "--install"]
-    log("running " + shlex.join(cmd))
-    code = subprocess.call(cmd)
-    if code != 0:
-        raise RuntimeError(f"building Horovod failed (status {code}); see the build output above")
-    log(f"built and installed Horovod in {time.monotonic() - t0:.0f} s")
-    problem = missing_extension(framework, python)
-    if problem:
-        raise RuntimeError(f"Horovod was built but {EXTENSIONS.get(framework)} still does not import: {problem}")
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise RuntimeError(f"installing Horovod from the horovod channel failed (status {done.returncode}):\n{tail}")
+    log(f"installed Horovod from the channel in {time.monotonic() - t0:.1f} s")
+
+
+def ensure_horovod(framework: str, install: str, python: str, channel: str | None, num_gpus: int) -> None:
+    """Horovod with `framework` importable (installed from the wheel channel if need be), and
+    built with NCCL if this host has GPUs. Raises RuntimeError with the fix otherwise."""
+    problem, nccl = probe_horovod(framework, python)
+    if problem is None:
+        if channel:
+            log(f"Horovod with {framework} already imports here; not installing from the horovod channel")
+    elif channel:
+        log(f"Horovod with {framework} does not import here yet ({problem})")
+        install_from_channel(channel, python)
+        problem, nccl = probe_horovod(framework, python)
+        if problem:
+            raise RuntimeError(f"Horovod was installed from the horovod channel but {EXTENSIONS.get(framework)} "
+                               f"does not import: {problem}. The wheel was built for another image or framework "
+                               "version; fix: delete its S3 prefix so that the next job builds it again for this image.")
+    elif install == "wheel":
+        raise RuntimeError(
+            f"Horovod with {framework} support does not import in this image ({problem}), and the job has no "
+            "`horovod` input channel with its wheel. Fix: start the job with workshop.sagemaker_jobs."
+            "run_lab_on_sagemaker (it builds the wheel once and adds the channel), or add the channel "
+            "yourself (InputData(channel_name='horovod', data_source=<the wheel's S3 prefix>)), or pass an "
+            "image with Horovod as image_uri (2_horovod/docker/Dockerfile)."
+        )
+    else:
+        raise RuntimeError(
+            f"Horovod with {framework} support does not import in this image ({problem}). No current "
+            "SageMaker image ships Horovod. Fix: run the job through workshop.sagemaker_jobs."
+            "run_lab_on_sagemaker, which installs a wheel built once for the image from the `horovod` "
+            "channel, or build a reusable image from 2_horovod/docker/Dockerfile and pass it as image_uri."
+        )
+    if num_gpus > 0 and not nccl:
+        raise RuntimeError(
+            f"this host has {num_gpus} GPU(s) but its Horovod was built without NCCL "
+            f"({EXTENSIONS.get(framework)}.nccl_built() is false): the ranks would train on the CPU and "
+            f"leave the GPUs idle. Fix: {GPU_FIX}."
+        )
+    log(f"Horovod {framework} extension imports (NCCL {'built' if nccl else 'not built: CPU/Gloo only'})")
+
+
+# ----------------------------------------------------------------------------- every host ready
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # algo-1 is never behind a proxy
+
+
+def kv_url(addr: str, port: int, key: str) -> str:
+    return f"http://{addr}:{port}/{READY_SCOPE}/{key}"
+
+
+def kv_put(addr: str, port: int, key: str, value: str, timeout: float = 5.0) -> None:
+    request = urllib.request.Request(kv_url(addr, port, key), data=value.encode(), method="PUT")
+    with _NO_PROXY.open(request, timeout=timeout):
+        pass
+
+
+def kv_get(addr: str, port: int, key: str, timeout: float = 5.0) -> str | None:
+    """The value under `key`, None if it is not there yet; OSError if the server cannot be reached."""
+    try:
+        with _NO_PROXY.open(kv_url(addr, port, key), timeout=timeout) as response:
+            return response.read().decode()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise OSError(f"rendezvous server answered {exc.code}") from None
+
+
+def report(addr: str, port: int, host: str, status: str) -> bool:
+    """Put this host's status ("ready" or "failed: ...") on algo-1; False if it cannot be reached."""
+    try:
+        kv_put(addr, port, host, status)
+        return True
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_for_hosts(addr: str, port: int, hosts: list[str], deadline: float, wait_s: float, poll_s: float = 0.5,
+                   server_gone_s: float = 15.0) -> None:
+    """Return once every host reported ready; raise RuntimeError naming the missing or failed ones."""
+    pending = list(hosts)
+    unreachable_since = None
+    while True:
+        still = []
+        for host in pending:
+            try:
+                value = kv_get(addr, port, host)
+            except OSError:
+                still = pending
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since > server_gone_s:
+                    raise RuntimeError(f"the rendezvous server at {addr}:{port} went away while hosts "
+                                       f"{', '.join(pending)} were not ready yet (did algo-1 fail?)") from None
+                break
+            unreachable_since = None
+            if value is None:
+                still.append(host)
+            elif value.startswith("failed"):
+                raise RuntimeError(f"host {host} reported that its set-up {value}")
+        pending = still
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"host{'s' if len(pending) > 1 else ''} {', '.join(pending)} did not report ready within "
+                f"rendezvous_wait_s={wait_s:g} s of this host's start (not ready: {', '.join(pending)}; ready: "
+                f"{', '.join(h for h in hosts if h not in pending) or 'none'}). Their instances started late or "
+                "their set-up failed or hangs: see their logs. Fix: a larger rendezvous_wait_s if they were "
+                "only slow."
+            )
+        time.sleep(poll_s)
 
 
 # ----------------------------------------------------------------------------- processes
@@ -257,13 +385,21 @@ def main() -> int:
     is_master = host_rank == 0
     local = is_loopback(master_addr)
     iface = "lo" if local else env.get("SM_NETWORK_INTERFACE_NAME", "eth0")
+    started = time.monotonic()
+    deadline = started + wait_s  # every wait for the other hosts ends here
+    channel = env.get(WHEEL_CHANNEL_ENV) or None
+    if channel and not os.path.isdir(channel):
+        channel = None
+    num_gpus = int(env.get("SM_NUM_GPUS", "0") or 0)
     try:
         procs = procs_per_host(config, env)
-        ensure_horovod(framework, install, python)
+        ensure_horovod(framework, install, python, channel, num_gpus)
         plan = rank_plan(hosts, procs)
     except Exception as exc:  # noqa: BLE001 - every setup failure ends the host with its message
         log(f"ERROR: {exc}")
         write_failure_file(f"hvd_driver on {current}: {exc}")
+        if not is_master and port_open(master_addr, port):  # tell the others, so they stop now
+            report(master_addr, port, current, f"failed on {current}: {exc}"[:2000])
         return 1
     mine = [s for s in plan if s["hostname"] == current]
     log(
@@ -281,7 +417,6 @@ def main() -> int:
             return 1
         log(f"rendezvous server up on port {port}")
     else:
-        deadline = time.monotonic() + wait_s
         while not port_open(master_addr, port):
             if time.monotonic() > deadline:
                 msg = f"no rendezvous server at {master_addr}:{port} after {wait_s:g} s (did algo-1 fail?)"
@@ -289,6 +424,21 @@ def main() -> int:
                 write_failure_file(f"hvd_driver on {current}: {msg}")
                 return 1
             time.sleep(0.5)
+
+    # No rank starts (and no Gloo timeout runs) before every host is set up.
+    try:
+        if not report(master_addr, port, current, "ready"):
+            raise RuntimeError(f"cannot reach the rendezvous server at {master_addr}:{port} to report ready")
+        left = max(0.0, deadline - time.monotonic())
+        log(f"{current} is ready; waiting for all {len(hosts)} hosts to report ready (at most {left:.0f} s more)")
+        wait_for_hosts(master_addr, port, hosts, deadline, wait_s)
+    except RuntimeError as exc:
+        log(f"ERROR: {exc}")
+        write_failure_file(f"hvd_driver on {current}: {exc}")
+        if httpd is not None:
+            httpd.shutdown()
+        return 1
+    log(f"every host is ready ({time.monotonic() - started:.1f} s after this driver started); starting the ranks")
 
     cmd = [python, entry, *hyperparameters_to_cli_args(hps)]
     log("starting " + shlex.join(cmd) + f" as ranks {[s['rank'] for s in mine]}")

@@ -142,11 +142,6 @@ def hosts_file_text(hosts: list[str]) -> str:
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     for name in hosts:
         lines.append(f"{host_address(name)}\t{name}")
-    # IPv4 peers of a dual-stack listener (torchrun's store) show as ::ffff:127.0.0.N; with these,
-    # their reverse lookup answers from this file instead of asking a DNS server the job cannot reach.
-    lines.append("::ffff:127.0.0.1\tlocalhost")
-    for name in hosts:
-        lines.append(f"::ffff:{host_address(name)}\t{name}")
     return "\n".join(lines) + "\n"
 
 

@@ -52,6 +52,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_allreduce.py
 	$(BIN)/python benchmarks/bench_strategies.py
 	$(BIN)/python benchmarks/planner_validation.py --out images/planner_validation.md
+	$(BIN)/python benchmarks/bench_runtime.py
 
 bench-allreduce: setup
 	$(BIN)/python benchmarks/bench_allreduce.py

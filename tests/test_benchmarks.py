@@ -16,7 +16,8 @@ import pytest
 from workshop import REPO_ROOT
 
 BENCH = REPO_ROOT / "benchmarks"
-SCRIPTS = ["bench_data_parallel.py", "bench_allreduce.py", "bench_strategies.py", "planner_validation.py"]
+SCRIPTS = ["bench_data_parallel.py", "bench_allreduce.py", "bench_strategies.py", "planner_validation.py",
+           "bench_runtime.py"]
 
 
 def run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -80,3 +81,16 @@ def test_side_by_side_benchmark_smoke_run(tmp_path: Path) -> None:
     assert expected * 0.98 < measured < expected * 1.10, (measured, expected)
     assert (tmp_path / "bench_strategies.png").stat().st_size > 0
     assert "| DDP (lab 3) | 2 |" in (tmp_path / "bench_strategies.md").read_text()
+
+
+@pytest.mark.slow
+def test_runtime_benchmark_times_every_launcher(tmp_path: Path) -> None:
+    """One repeat of each way (bare torchrun, the process and the container runtime): every job
+    really all-reduced (the benchmark checks), and the table has a row per way and layout."""
+    proc = run("bench_runtime.py", "--repeats", "1", "--out-dir", str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    table = (tmp_path / "bench_runtime.md").read_text()
+    for way in ("bare torchrun", "process runtime", "container runtime"):
+        assert table.count(f"| {way} |") == 2, table
+    rows = list(csv.DictReader((tmp_path / "bench_runtime.csv").open()))
+    assert len(rows) == 6 and all(float(r["median_s"]) > 0 for r in rows)

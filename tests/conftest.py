@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +59,23 @@ def isolate_aws(mp: pytest.MonkeyPatch, tmp: Path, user: str) -> None:
 
 def repo_path(*parts: str) -> Path:
     return REPO_ROOT.joinpath(*parts)
+
+
+@contextlib.contextmanager
+def strict_moto(mp: pytest.MonkeyPatch, tmp: Path, user: str, region: str = "us-east-1") -> Iterator[Any]:
+    """moto with throwaway credentials, and the AWS APIs it lacks (IAM's policy simulator,
+    StopTrainingJob) from fake_aws_apis; yields a boto3 session. Nothing of the caller's AWS."""
+    import boto3
+    import fake_aws_apis
+    from moto import mock_aws
+
+    isolate_aws(mp, tmp, user)
+    mp.setenv("AWS_ACCESS_KEY_ID", "testing")
+    mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    mp.setenv("AWS_DEFAULT_REGION", region)
+    fake_aws_apis.install()
+    try:
+        with mock_aws():
+            yield boto3.Session(region_name=region)
+    finally:
+        fake_aws_apis.uninstall()

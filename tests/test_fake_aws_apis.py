@@ -15,7 +15,7 @@ import boto3
 import fake_aws_apis
 import pytest
 from botocore.exceptions import ClientError
-from conftest import isolate_aws
+from conftest import strict_moto
 from moto import mock_aws
 
 REGION = "us-east-1"
@@ -24,16 +24,8 @@ ACCOUNT = "123456789012"  # moto's
 
 @pytest.fixture
 def boto(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
-    isolate_aws(monkeypatch, tmp_path, "alice")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    fake_aws_apis.install()
-    try:
-        with mock_aws():
-            yield boto3.Session(region_name=REGION)
-    finally:
-        fake_aws_apis.uninstall()
+    with strict_moto(monkeypatch, tmp_path, "alice", REGION) as session:
+        yield session
 
 
 def _doc(*statements: dict[str, Any]) -> str:

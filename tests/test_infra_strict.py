@@ -22,8 +22,7 @@ from typing import Any
 import boto3
 import fake_aws_apis
 import pytest
-from conftest import isolate_aws
-from moto import mock_aws
+from conftest import isolate_aws, strict_moto
 
 from workshop import aws, infra
 from workshop import sagemaker_jobs as sj
@@ -40,17 +39,9 @@ IMAGE = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/workshop-test:1"
 @pytest.fixture
 def boto(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     """moto with the simulator, credentials and a region; no SAGEMAKER_VALIDATE_ROLE anywhere."""
-    isolate_aws(monkeypatch, tmp_path, USER)
     monkeypatch.setattr(infra, "POLL_S", 0.01)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    fake_aws_apis.install()
-    try:
-        with mock_aws():
-            yield boto3.Session(region_name=REGION)
-    finally:
-        fake_aws_apis.uninstall()
+    with strict_moto(monkeypatch, tmp_path, USER, REGION) as session:
+        yield session
 
 
 def _trainer(role_arn: str, **kwargs: Any) -> Any:

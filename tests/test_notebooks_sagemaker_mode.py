@@ -57,6 +57,8 @@ EXPECTED_OUTPUT: dict[str, tuple[str, ...]] = {
     "2_horovod": (
         "pytorch Completed", "tensorflow Completed", "ranks, one set of weights",
         "[infra] cost: at most", "[infra] quota:", "[infra] network deleted:",  # preflight, then cleanup
+        # Horovod built once per image by a one-host job, then installed from the wheel channel.
+        "[hvd_build]", "Horovod wheel for", "[horovod] wheel for",
     ),
     "3_data_parallel": (
         "final test accuracy:", "weights digest per rank:", "ranks, one set of weights",

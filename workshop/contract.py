@@ -36,12 +36,6 @@ LOCAL_INSTANCE_TYPE = "local"
 LOCAL_INTERFACE = "lo"
 # What SDK v3's container scripts fix (`container_drivers/scripts/environment.py`).
 SAGEMAKER_MASTER_PORT = 7777
-# The image entrypoint and arguments SDK v3 sets for `source_code` jobs
-# (`sagemaker/train/constants.py: DEFAULT_CONTAINER_ENTRYPOINT`, `DEFAULT_CONTAINER_ARGUMENTS`).
-CONTAINER_COMMAND = (
-    "/bin/bash", "-c",
-    "chmod +x /opt/ml/input/data/sm_drivers/sm_train.sh && /opt/ml/input/data/sm_drivers/sm_train.sh",
-)
 
 
 def host_names(count: int) -> list[str]:
@@ -264,6 +258,14 @@ def container_process_env(job_name: str) -> dict[str, str]:
     env["PIP_CONFIG_FILE"] = os.devnull
     env["SM_CHECKPOINT_DIR"] = "/opt/ml/checkpoints"
     return env
+
+
+def container_command() -> list[str]:
+    """The image entrypoint and arguments SDK v3 sets for `source_code` jobs (the SDK's own
+    constants: `/bin/bash -c "chmod +x .../sm_train.sh && .../sm_train.sh"`)."""
+    from sagemaker.train.constants import DEFAULT_CONTAINER_ARGUMENTS, DEFAULT_CONTAINER_ENTRYPOINT
+
+    return [*DEFAULT_CONTAINER_ENTRYPOINT, *DEFAULT_CONTAINER_ARGUMENTS]
 
 
 def write_sm_drivers(dest: Path, source_dir: Path, entry_script: str, distributed: Any = None) -> Path:

@@ -28,7 +28,7 @@ master on 127.0.0.1, and says so.
 
 Entry points (run by the local cluster, not by hand):
 
-    python -m workshop.hostns hold [--net] [--proxy]  # holds the job's user (and network) namespace
+    python -m workshop.hostns hold [--proxy]        # holds the job's user and network namespaces
     python -m workshop.hostns host SPEC.json        # one simulated host: enter, mount, run
 """
 
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import fcntl
 import json
 import os
@@ -68,7 +67,6 @@ CONTAINER_ROOT = "/opt/ml"
 HOSTS_FILE = "/etc/hosts"
 # Loopback addresses of the simulated hosts: algo-N is 127.0.0.N (127/8 is all loopback on Linux).
 HOST_ADDRESS = "127.0.0.{}"
-GRACE_S = 10.0
 # Inside a job's private network: where its way out listens, for a job with a route to the internet.
 PROXY_PORT = 3128
 PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
@@ -83,7 +81,9 @@ def proxy_env(hosts: list[str]) -> dict[str, str]:
 
 @lru_cache(maxsize=1)
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # The C library this process already has loaded: no ctypes.util.find_library, which runs
+    # ldconfig in a subprocess (also in a child between fork and exec, via die_with_parent).
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _check(result: int, what: str) -> None:
@@ -210,18 +210,18 @@ def _probe() -> int:
 
 
 class NamespaceHolder:
-    """A process holding the job's user namespace (and, with `net`, its private network).
+    """A process holding the job's user namespace and its private network (with `proxy`, a way
+    out of it: see `_egress`).
 
     Hosts join it with setns; it lives until `close()` (or until this process dies: it gets
     SIGKILL then, and the namespaces live on only as long as a host is still in them).
     """
 
-    def __init__(self, *, net: bool = True, proxy: bool = False, env: dict[str, str] | None = None):
-        self.net = net
-        cmd = [sys.executable, "-m", "workshop.hostns", "hold"] + (["--net"] if net else []) + (["--proxy"] if proxy else [])
+    def __init__(self, *, proxy: bool = False):
+        cmd = [sys.executable, "-m", "workshop.hostns", "hold"] + (["--proxy"] if proxy else [])
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env or _clean_env(), preexec_fn=_die_with_parent, start_new_session=True,
+            env=_clean_env(), preexec_fn=die_with_parent, start_new_session=True,
         )
         line = self.proc.stdout.readline().decode().strip()
         if line != "ready":
@@ -249,7 +249,8 @@ class NamespaceHolder:
                 stream.close()
 
 
-def _die_with_parent(sig: int = signal.SIGKILL) -> None:
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Runs in a child (before exec, or after fork): `sig` reaches it when its parent dies."""
     if sys.platform.startswith("linux"):
         try:
             _libc().prctl(1, sig)  # PR_SET_PDEATHSIG
@@ -257,21 +258,20 @@ def _die_with_parent(sig: int = signal.SIGKILL) -> None:
             pass
 
 
-def _hold(net: bool, proxy: bool) -> int:
+def _hold(proxy: bool) -> int:
     """Make the namespaces; with `proxy`, also the job's way out (see `_egress`)."""
     uid, gid = os.getuid(), os.getgid()
     if proxy:
         inside, outside = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         if os.fork() == 0:  # the child keeps this machine's network: it makes the outbound connections
             inside.close()
-            _die_with_parent(signal.SIGKILL)
+            die_with_parent(signal.SIGKILL)
             _egress(outside)
             os._exit(0)
         outside.close()
-    unshare(CLONE_NEWUSER | (CLONE_NEWNET if net else 0))
+    unshare(CLONE_NEWUSER | CLONE_NEWNET)
     map_root(uid, gid)
-    if net:
-        loopback_up()
+    loopback_up()
     if proxy:
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -366,8 +366,7 @@ class HostSpec:
     sandbox: str  # mounted at /opt/ml
     hosts_file: str  # mounted at /etc/hosts
     command: list[str]
-    holder_pid: int
-    net: bool  # join the holder's private network (else: the machine's network)
+    holder_pid: int  # the NamespaceHolder whose user and network namespaces the host joins
     stash: str  # an empty folder outside the sandbox, for the original /opt
     start_delay_s: float = 0.0
     cpus: list[int] = field(default_factory=list)  # CPU affinity of the host (empty: all)
@@ -408,8 +407,7 @@ def _mount_opt_ml(sandbox: Path, stash: Path) -> None:
 
 def _enter(spec: HostSpec) -> None:
     setns(f"/proc/{spec.holder_pid}/ns/user", CLONE_NEWUSER)
-    if spec.net:
-        setns(f"/proc/{spec.holder_pid}/ns/net", CLONE_NEWNET)
+    setns(f"/proc/{spec.holder_pid}/ns/net", CLONE_NEWNET)
     unshare(CLONE_NEWNS | CLONE_NEWUTS)
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     sethostname(spec.hostname)
@@ -419,27 +417,13 @@ def _enter(spec: HostSpec) -> None:
         os.sched_setaffinity(0, spec.cpus)
 
 
-_child: subprocess.Popen | None = None
-_PARENT = os.getppid()
-
-
-def _on_sigterm(signum, frame):  # noqa: ARG001
-    """Forward to the host's whole process group; if the local cluster died, sweep for it."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        os.killpg(os.getpgrp(), signal.SIGTERM)
-        if os.getppid() != _PARENT:
-            from workshop.run_driver import _sweep_run
-
-            _sweep_run(GRACE_S)
-    finally:
-        os._exit(128 + signum)
-
-
 def _host(spec_path: str) -> int:
-    global _child
+    # The same SIGTERM handling as the process runtime's host: forward it to the host's whole
+    # process group, and if the local cluster died (PR_SET_PDEATHSIG), sweep for it.
+    from workshop.run_driver import forward_sigterm
+
     spec = HostSpec(**json.loads(Path(spec_path).read_text()))
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, forward_sigterm)
     try:
         _enter(spec)
     except OSError as exc:
@@ -449,15 +433,14 @@ def _host(spec_path: str) -> int:
         print(f"[hostns] {spec.hostname}: starting {spec.start_delay_s:g} s after the first host "
               "(simulated start skew: SageMaker's instances come up at different times)", flush=True)
         time.sleep(spec.start_delay_s)
-    _child = subprocess.Popen(spec.command, cwd=CONTAINER_ROOT, stdin=subprocess.DEVNULL)
-    return _child.wait()
+    return subprocess.Popen(spec.command, cwd=CONTAINER_ROOT, stdin=subprocess.DEVNULL).wait()
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["probe"]:
         return _probe()
     if argv[:1] == ["hold"]:
-        return _hold("--net" in argv[1:], "--proxy" in argv[1:])
+        return _hold("--proxy" in argv[1:])
     if argv[:1] == ["host"] and len(argv) == 2:
         code = _host(argv[1])
         return code if code >= 0 else 128 - code

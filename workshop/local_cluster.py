@@ -43,8 +43,6 @@ Reliability lives here too:
 
 from __future__ import annotations
 
-import ctypes
-import json
 import os
 import queue
 import random
@@ -68,11 +66,11 @@ import psutil
 
 from workshop import REPO_ROOT, hostns, metrics
 from workshop.contract import (
-    CONTAINER_COMMAND,
     RESERVED_CHANNELS,
     SAGEMAKER_MASTER_PORT,
     HostSandbox,
     base_process_env,
+    container_command,
     container_process_env,
     host_names,
     write_sm_drivers,
@@ -218,11 +216,7 @@ def port_in_use(port: int) -> bool:
 
 def _die_with_parent() -> None:
     """Runs in the child before exec: SIGTERM it when the process that started it dies."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
+    hostns.die_with_parent(signal.SIGTERM)
 
 
 def choose_runtime(requested: str = "auto") -> tuple[str, str]:
@@ -333,7 +327,7 @@ class LocalCluster:
                                     "pass one number, or one delay per host.")
             self.start_delays = delays
         self.sm_drivers_dir = Path(sm_drivers_dir).resolve() if sm_drivers_dir else None
-        self.container_command = list(container_command) if container_command else list(CONTAINER_COMMAND)
+        self.container_command = list(container_command) if container_command else None  # None: the SDK's
         self.instance_type = instance_type
 
     def _job_ports(self, master_port: int) -> list[int]:
@@ -427,12 +421,13 @@ class LocalCluster:
             ns_dir.mkdir(parents=True, exist_ok=True)
             hosts_file = ns_dir / "hosts"
             hosts_file.write_text(hostns.hosts_file_text(names))
-        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-        share = max(1, len(cpus) // self.hosts)
+            cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+            share = max(1, len(cpus) // self.hosts)
 
         hosts: list[HostResult] = []
         envs: list[dict[str, str]] = []
         commands: list[list[str]] = []
+        specs: list[tuple[Path, hostns.HostSpec]] = []  # container runtime: written once the holder runs
         for host_rank, host in enumerate(names):
             sandbox = HostSandbox(workdir / host)
             sandbox.create(
@@ -477,11 +472,11 @@ class LocalCluster:
                 mine = [cpus[(host_rank * share + i) % len(cpus)] for i in range(share)]
                 spec = hostns.HostSpec(
                     hostname=host, sandbox=str(sandbox.root), hosts_file=str(hosts_file),
-                    command=self.container_command, holder_pid=0, net=True,
+                    command=self.container_command or container_command(), holder_pid=0,
                     stash=str(ns_dir / f"opt-{host}"), start_delay_s=self.start_delays[host_rank], cpus=mine,
                 )
+                specs.append((ns_dir / f"{host}.json", spec))
                 commands.append([sys.executable, "-m", "workshop.hostns", "host", str(ns_dir / f"{host}.json")])
-                spec.write(ns_dir / f"{host}.json")
             else:
                 commands.append([sys.executable, "-m", "workshop.run_driver", str(driver)])
 
@@ -505,13 +500,11 @@ class LocalCluster:
         holder = None
         try:
             if container:
-                holder = hostns.NamespaceHolder(net=True, proxy=self.internet)
-                for host in names:  # the holder's pid is known only now
-                    spec_path = workdir / "hostns" / f"{host}.json"
-                    spec = json.loads(spec_path.read_text())
-                    spec["holder_pid"] = holder.pid
-                    spec_path.write_text(json.dumps(spec, indent=2) + "\n")
-            runner = _Run(self, hosts, envs, commands, workdir, cluster_id, timeout_s)
+                holder = hostns.NamespaceHolder(proxy=self.internet)
+                for path, spec in specs:  # the holder's pid is known only now
+                    spec.holder_pid = holder.pid
+                    spec.write(path)
+            runner = _Run(self, hosts, envs, commands, workdir, cluster_id, timeout_s, container)
             returncode, failure, lines = runner.run()
         finally:
             if holder is not None:
@@ -538,7 +531,7 @@ class LocalCluster:
 class _Run:
     """One execution: start the hosts, stream their lines, stop everything, report."""
 
-    def __init__(self, cluster: LocalCluster, hosts, envs, commands, workdir, cluster_id, timeout_s):
+    def __init__(self, cluster: LocalCluster, hosts, envs, commands, workdir, cluster_id, timeout_s, container):
         self.c = cluster
         self.hosts: list[HostResult] = hosts
         self.envs = envs
@@ -553,11 +546,10 @@ class _Run:
         self.tails: dict[tuple[str, str], deque] = {}
         self.all_lines: list[str] = []
         self.wall_time_s = 0.0
-        self._past_setup: set[str] = set()
+        self.container = container  # sm_train.sh's set-up comes first in each host's output
         self.driver_started: dict[str, float] = {}  # host -> seconds after the start when its driver ran
-        self.t0 = time.monotonic()
-        self._setup_noted: dict[str, bool] = {}
-        self._runtime_is_process = commands and "workshop.run_driver" in commands[0]
+        self._setup_noted: set[str] = set()  # hosts whose first set-up line was echoed
+        self.t0 = 0.0  # set when run() starts the hosts
 
     def _start(self) -> None:
         for host, env, cmd in zip(self.hosts, self.envs, self.commands, strict=True):
@@ -636,14 +628,10 @@ class _Run:
         """Echo everything but `sm_train.sh`'s set-up (its shell trace, the configs it prints and
         the SDK's dump of every environment variable: a hundred lines per host, kept in the logs),
         which ends where the driver starts; the driver-start line itself is shown."""
-        if self._runtime_is_process or rank or host in self._past_setup:
+        if not self.container or rank or host in self.driver_started:  # _drain noted the driver's start
             return True
-        text = line.split("] ", 1)[-1]
-        if _DRIVER_START.match(text):
-            self._past_setup.add(host)
-            return True
-        if not self._setup_noted.get(host) and text.startswith(("Starting training script", "[hostns]")):
-            self._setup_noted[host] = True
+        if host not in self._setup_noted and line.split("] ", 1)[-1].startswith(("Starting training script", "[hostns]")):
+            self._setup_noted.add(host)
             return True
         return False
 

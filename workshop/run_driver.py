@@ -52,7 +52,7 @@ def _sweep_run(grace_s: float = GRACE_S) -> None:
             pass
 
 
-def _forward_sigterm(signum, frame):  # noqa: ARG001
+def forward_sigterm(signum, frame):  # noqa: ARG001
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group signal below reaches us too
     try:
         os.killpg(os.getpgrp(), signal.SIGTERM)
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> None:
     if len(argv) != 1:
         sys.exit("usage: python -m workshop.run_driver DRIVER_SCRIPT")
     driver = Path(argv[0]).resolve()
-    signal.signal(signal.SIGTERM, _forward_sigterm)
+    signal.signal(signal.SIGTERM, forward_sigterm)
     drivers_root = driver.parent.parent  # the drivers import `common.utils` from here
     sys.path.insert(0, str(drivers_root))
     failure_file = os.environ.get("SM_OUTPUT_FAILURE")

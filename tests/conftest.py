@@ -79,3 +79,22 @@ def strict_moto(mp: pytest.MonkeyPatch, tmp: Path, user: str, region: str = "us-
             yield boto3.Session(region_name=region)
     finally:
         fake_aws_apis.uninstall()
+
+
+def service_quota(name: str, value: float, code: str) -> dict[str, Any]:
+    """One entry of Service Quotas' ListServiceQuotas for SageMaker."""
+    return {"ServiceCode": "sagemaker", "ServiceName": "Amazon SageMaker", "QuotaCode": code,
+            "QuotaName": name, "Value": value, "Unit": "None", "Adjustable": True, "GlobalQuota": False}
+
+
+def quota_client(quotas: list[dict[str, Any]], region: str = "us-east-1") -> Any:
+    """A Service Quotas client answering ListServiceQuotas once with `quotas`, from botocore's
+    Stubber (moto 5.2.5 does not implement it; the Stubber checks the shape against the model)."""
+    import boto3
+    from botocore.stub import Stubber
+
+    client = boto3.client("service-quotas", region_name=region, aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    stub.add_response("list_service_quotas", {"Quotas": quotas}, {"ServiceCode": "sagemaker"})
+    stub.activate()
+    return client

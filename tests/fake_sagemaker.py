@@ -515,7 +515,7 @@ class FakeSageMaker:
         run.hosts, run.procs_per_host, run.hyperparameters = hosts, procs, hyperparameters
         run.driver = str(Path(drivers[0]))
         run.network = network
-        run.image_framework = image_framework_note(((request.get("AlgorithmSpecification") or {}).get("TrainingImage")) or "")
+        run.image_framework = image_framework_note(spec.get("TrainingImage") or "")
 
         # --- the run
         transitions[-1]["EndTime"] = _now()
@@ -652,7 +652,7 @@ def image_framework_note(image_uri: str) -> str:
     try:
         from importlib.metadata import version
 
-        here = version("torch" if module == "torch" else "tensorflow")
+        here = version(module)  # the distribution: torch or tensorflow
     except Exception:  # noqa: BLE001
         return f"{module} {match.group(2)} in the image; not installed here"
     same = ".".join(here.split("+")[0].split(".")[:2]) == match.group(2)

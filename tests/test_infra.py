@@ -19,7 +19,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from conftest import isolate_aws
+from conftest import isolate_aws, quota_client, service_quota
 from moto import mock_aws
 
 from workshop import REPO_ROOT, aws, infra
@@ -235,40 +235,26 @@ def _plan(instance_type: str = "ml.g5.xlarge", count: int = 2) -> sj.JobPlan:
                        instance_type=instance_type, instance_count=count)
 
 
-def _quota(name: str, value: float, code: str) -> dict[str, Any]:
-    return {"ServiceCode": "sagemaker", "ServiceName": "Amazon SageMaker", "QuotaCode": code,
-            "QuotaName": name, "Value": value, "Unit": "None", "Adjustable": True, "GlobalQuota": False}
-
-
-def _quota_client(quotas: list[dict[str, Any]]):
-    # Stubber: moto 5.2.5 does not implement ListServiceQuotas.
-    client = boto3.client("service-quotas", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
-    stub = Stubber(client)
-    stub.add_response("list_service_quotas", {"Quotas": quotas}, {"ServiceCode": "sagemaker"})
-    stub.activate()
-    return client
-
-
 QUOTAS = [
-    _quota("ml.g5.xlarge for training job usage", 0.0, "L-G5X"),
-    _quota("ml.g4dn.xlarge for training job usage", 4.0, "L-G4X"),
-    _quota("ml.c5.2xlarge for training job usage", 1.0, "L-C52"),
-    _quota("ml.m5.xlarge for training job usage", 8.0, "L-M5X"),
-    _quota("Number of instances across all training jobs", 10.0, "L-ALL"),
+    service_quota("ml.g5.xlarge for training job usage", 0.0, "L-G5X"),
+    service_quota("ml.g4dn.xlarge for training job usage", 4.0, "L-G4X"),
+    service_quota("ml.c5.2xlarge for training job usage", 1.0, "L-C52"),
+    service_quota("ml.m5.xlarge for training job usage", 8.0, "L-M5X"),
+    service_quota("Number of instances across all training jobs", 10.0, "L-ALL"),
 ]
 
 
 def test_quota_checks() -> None:
-    assert "quota: ml.g4dn.xlarge for training: 4 (need 2)" == infra.check_quota(_quota_client(QUOTAS), "ml.g4dn.xlarge", 2, REGION)
+    assert "quota: ml.g4dn.xlarge for training: 4 (need 2)" == infra.check_quota(quota_client(QUOTAS, REGION), "ml.g4dn.xlarge", 2, REGION)
     with pytest.raises(WorkshopError, match="quota for ml.g5.xlarge training instances in us-east-1 is zero") as info:
-        infra.check_quota(_quota_client(QUOTAS), "ml.g5.xlarge", 2, REGION)
+        infra.check_quota(quota_client(QUOTAS, REGION), "ml.g5.xlarge", 2, REGION)
     assert "--quota-code L-G5X --desired-value 2" in info.value.fix
     assert "ml.g4dn.xlarge, whose quota allows 2" in info.value.fix  # a smaller GPU instance
     with pytest.raises(WorkshopError, match="is 1; the job needs 2") as info:
-        infra.check_quota(_quota_client(QUOTAS), "ml.c5.2xlarge", 2, REGION)
+        infra.check_quota(quota_client(QUOTAS, REGION), "ml.c5.2xlarge", 2, REGION)
     assert "ml.m5.xlarge" in info.value.fix and "hosts=1" in info.value.fix
     with pytest.raises(WorkshopError, match="ml.p4d.24xlarge is not offered for SageMaker training in us-east-1") as info:
-        infra.check_quota(_quota_client(QUOTAS), "ml.p4d.24xlarge", 1, REGION)
+        infra.check_quota(quota_client(QUOTAS, REGION), "ml.p4d.24xlarge", 1, REGION)
     assert "ml.g4dn.xlarge" in info.value.fix
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import boto3
 import numpy as np
 import pytest
-from conftest import isolate_aws
+from conftest import isolate_aws, quota_client, service_quota
 from moto import mock_aws
 
 from workshop import aws, metrics
@@ -747,21 +747,14 @@ def test_real_path_refuses_a_malformed_role_before_asking_for_credentials(lab: L
 # --------------------------------------------------------------------------- preflight suggests only usable types
 
 
-def _quota(name: str, value: float, code: str) -> dict[str, Any]:
-    return {"ServiceCode": "sagemaker", "ServiceName": "Amazon SageMaker", "QuotaCode": code,
-            "QuotaName": f"{name} for training job usage", "Value": value, "Unit": "None",
-            "Adjustable": True, "GlobalQuota": False}
+def _quota(instance_type: str, value: float, code: str) -> dict[str, Any]:
+    return service_quota(f"{instance_type} for training job usage", value, code)
 
 
 def _stub_quotas(boto: Any, quotas: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
     """`boto`'s Service Quotas client answers from a Stubber (moto 5.2.5 lacks ListServiceQuotas);
     every other client stays moto's. A root caller needs no permission simulation."""
-    from botocore.stub import Stubber
-
-    sq = boto3.client("service-quotas", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
-    stub = Stubber(sq)
-    stub.add_response("list_service_quotas", {"Quotas": quotas}, {"ServiceCode": "sagemaker"})
-    stub.activate()
+    sq = quota_client(quotas, REGION)
     original = boto.client
     monkeypatch.setattr(boto, "client", lambda name, *a, **k: sq if name == "service-quotas" else original(name, *a, **k))
 

@@ -279,9 +279,9 @@ def build_wheel(plan: JobPlan, role_arn: str, session: Any, *, logs: bool = True
 
     from workshop import sagemaker_jobs
 
-    uri = dict(plan.extra_inputs).get(WHEEL_CHANNEL) or wheel_channel_uri(aws.default_bucket(session), plan.image_uri)
+    staging = aws.default_bucket(session)  # the SDK stages the build job's code there: created if missing
+    uri = dict(plan.extra_inputs).get(WHEEL_CHANNEL) or wheel_channel_uri(staging, plan.image_uri)
     bucket = uri[len("s3://"):].split("/", 1)[0]
-    aws.default_bucket(session)  # the SDK stages the build job's code there: created if missing
     framework = "tensorflow" if plan.lab.sagemaker.framework == "tensorflow" else "pytorch"
     tags = [*plan.tags, {"Key": PURPOSE_TAG, "Value": "horovod-build"}]
     try:
@@ -368,13 +368,9 @@ def _prepare(plan: JobPlan, bucket: str, boto: Any) -> tuple[JobPlan, list[PrepS
     plan = dataclasses.replace(plan, internet_needs=(*plan.internet_needs, need), notes=(*plan.notes, note))
     step = PrepStep(
         what=f"Horovod: building the wheel once for {plan.image_uri} with a one-host build job; it goes to {uri}",
-        run=_build_step,
+        run=build_wheel,
     )
     return plan, [step]
-
-
-def _build_step(plan: JobPlan, role_arn: str, session: Any) -> None:
-    build_wheel(plan, role_arn, session)
 
 
 def _register() -> None:

@@ -203,7 +203,7 @@ class PrepStep:
     (network included), the role ARN and the SageMaker session."""
 
     what: str  # one line, printed before it runs (what it creates, what it costs)
-    run: Callable[[JobPlan, str, Any], None]
+    run: Callable[[JobPlan, str, Any], Any]  # its result is not used
 
 
 # Optional per-launcher hooks, next to the factory:

@@ -21,7 +21,7 @@ memory-copy bandwidth of a large buffer (`dst.copy_(src)`, 256 MiB; a copy reads
 each byte, the rate reported is bytes copied per second): the physical ceiling here.
 
 Bytes on the wire: for sizes of 1 MiB and more, the loopback interface's byte counters
-(`workshop.netcounters`, /proc/net/dev) are read around the timed calls, and the bytes per
+(`workshop.runtime.netcounters`, /proc/net/dev) are read around the timed calls, and the bytes per
 all-reduce (all ranks together) are compared with the ring's 2(N-1)K. The counters are
 system-wide, so other jobs' loopback traffic adds to them; large sizes keep that small.
 
@@ -56,7 +56,8 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe_machine, load_average  # noqa: E402
 
-from workshop import REPO_ROOT, netcounters  # noqa: E402
+from workshop import REPO_ROOT  # noqa: E402
+from workshop.runtime import netcounters  # noqa: E402
 
 KIB, MIB = 1024, 1024 * 1024
 COUNTED_FROM = 1 * MIB  # sizes from which loopback bytes are counted

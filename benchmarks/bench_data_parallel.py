@@ -75,11 +75,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from workshop import REPO_ROOT, metrics
-from workshop.contract import base_process_env
 from workshop.data import MnistChannels, prepare_mnist
 from workshop.labs import get_lab, hyperparameters_to_argv
-from workshop.local_cluster import TrainingFailed
 from workshop.runner import run_local
+from workshop.runtime.contract import base_process_env
+from workshop.runtime.local_cluster import TrainingFailed
 
 LAB = get_lab("data_parallel")
 TRAIN_SCRIPT = LAB.entry_path

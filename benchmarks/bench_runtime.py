@@ -9,7 +9,7 @@ ways, for 1 host x 2 processes and for 2 hosts x 1 process:
 - **bare torchrun**: `torchrun --nnodes H --nproc-per-node P ... hello_dist.py`, one per host,
   on 127.0.0.1 (what a person types; no sandbox, no SageMaker contract);
 - **process runtime**: `LocalCluster(runtime="process")`: sandboxes, the SDK's torchrun driver
-  under `workshop.run_driver`, the master on 127.0.0.1;
+  under `workshop.runtime.run_driver`, the master on 127.0.0.1;
 - **container runtime**: `LocalCluster(runtime="container")`: the same plus Linux namespaces per
   host (`/opt/ml`, hostname `algo-N`, a private network), the SDK's generated `sm_train.sh`
   with its `environment.py`, and `torchrun --master_addr=algo-1 --master_port=7777` as on SageMaker.
@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import load_average  # noqa: E402
 from sagemaker.train.distributed import Torchrun  # noqa: E402
 
-from workshop.local_cluster import LocalCluster, _free_port  # noqa: E402
+from workshop.runtime.local_cluster import LocalCluster, _free_port  # noqa: E402
 
 WORKER_DIR = Path(__file__).resolve().parent / "workers"
 WORKER = "hello_dist.py"

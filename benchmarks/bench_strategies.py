@@ -29,7 +29,7 @@ Measured per run:
   of the measured step time: bytes moved, waiting for the slowest rank, the framework's
   coordination. (For the parameter server it also includes the CPU its servers and coordinator
   take from the workers.)
-- loopback bytes per rank-step: the kernel's `lo` byte counters (`workshop.netcounters`) over
+- loopback bytes per rank-step: the kernel's `lo` byte counters (`workshop.runtime.netcounters`) over
   the whole run, less the background rate measured just before the round, divided by the steps
   all ranks took (start-up, evaluation and checkpoints included, so slightly high). Expected,
   for K gradient bytes: ring all-reduce 2(N-1)/N K per rank-step; FSDP (N-1)/N K for each
@@ -71,10 +71,11 @@ import bench_allreduce  # noqa: E402
 from bench_data_parallel import _cpu_busy_s, _own_cpu_s  # noqa: E402
 from machine import describe_machine, load_average  # noqa: E402
 
-from workshop import REPO_ROOT, netcounters, planner  # noqa: E402
-from workshop.contract import base_process_env  # noqa: E402
+from workshop import REPO_ROOT, planner  # noqa: E402
 from workshop.data import prepare_mnist  # noqa: E402
 from workshop.labs import get_lab  # noqa: E402
+from workshop.runtime import netcounters  # noqa: E402
+from workshop.runtime.contract import base_process_env  # noqa: E402
 
 PS, HVD, DDP, FSDP = "parameter_server", "horovod", "ddp", "fsdp"
 STRATEGIES = (PS, HVD, DDP, FSDP)

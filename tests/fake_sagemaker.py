@@ -9,7 +9,7 @@ moto (5.2.5) accepts CreateTrainingJob but marks every job Completed at once, wi
 no model and a made-up metric, so code that follows a job to its end (reads its CloudWatch
 logs, downloads `model.tar.gz`, checks its metrics) has nothing to read. This module starts
 moto's `mock_aws()` in the current process and makes each CreateTrainingJob *execute* the job
-it was given, on `workshop.local_cluster.LocalCluster`, from what the SDK uploaded:
+it was given, on `workshop.runtime.local_cluster.LocalCluster`, from what the SDK uploaded:
 
 1. **The hook.** moto's SageMaker response handler for CreateTrainingJob
    (`moto.sagemaker.responses.SageMakerResponse.create_training_job`) is wrapped, so every
@@ -26,7 +26,7 @@ it was given, on `workshop.local_cluster.LocalCluster`, from what the SDK upload
    `distributed.json`, and the SDK's `container_drivers` tree, `__pycache__` included) and the
    data channels.
 3. **The container, as the SDK set it up.** The local cluster's container runtime
-   (`workshop.hostns`) gives each simulated host the downloaded channels under its own
+   (`workshop.runtime.hostns`) gives each simulated host the downloaded channels under its own
    `/opt/ml`, the hostname `algo-N` (peers resolve as `algo-1..N` at 127.0.0.N) and runs the
    request's `ContainerEntrypoint` + `ContainerArguments`, i.e. the uploaded `sm_train.sh`:
    the SDK's `environment.py` writes `/opt/ml/input/sm_training.env` from the request's
@@ -39,7 +39,7 @@ it was given, on `workshop.local_cluster.LocalCluster`, from what the SDK upload
    request's `Environment` reaches every host. The network is the job's: with
    `EnableNetworkIsolation`, or in VPC subnets whose route table has no 0.0.0.0/0 route to a
    NAT or internet gateway (read from moto's EC2), the hosts reach only each other; otherwise
-   they reach the internet (through an HTTPS proxy: `workshop.hostns`).
+   they reach the internet (through an HTTPS proxy: `workshop.runtime.hostns`).
    `CheckpointConfig.S3Uri` is synced into the hosts' checkpoint folders before the run and
    back after it. `MaxRuntimeInSeconds` is the run's time limit. Where Linux does not allow
    unprivileged namespaces the local cluster's process runtime runs instead (the driver
@@ -405,8 +405,8 @@ class FakeSageMaker:
         _say(f"job {run.name} {status} after {run.wall_time_s:.1f} s" + (f": {reason}" if reason else ""))
 
     def _run(self, job: Any, request: dict[str, Any], run: JobRun, boto: Any, transitions: list) -> tuple[str, str, str | None]:
-        from workshop.local_cluster import LocalCluster, choose_runtime
         from workshop.metrics import CLUSTER_PREFIX
+        from workshop.runtime.local_cluster import LocalCluster, choose_runtime
 
         name = run.name
         workdir = Path(run.workdir)

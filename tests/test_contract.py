@@ -19,7 +19,7 @@ import pytest
 from conftest import PROBE_CODE
 from sagemaker.train.distributed import Torchrun
 
-from workshop.contract import HostSandbox, host_names
+from workshop.runtime.contract import HostSandbox, host_names
 
 # Different locally on purpose: loopback instead of algo-1:7777 (there is no DNS name
 # algo-1 here, and several local jobs must not share a port); each simulated host gets

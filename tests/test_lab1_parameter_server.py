@@ -17,9 +17,9 @@ import pytest
 
 from workshop.errors import WorkshopError
 from workshop.labs import get_lab
-from workshop.local_cluster import MARKER, LocalCluster, processes_with_marker
 from workshop.parameter_server import ParameterServer, job_ports, load_driver
 from workshop.runner import run_local
+from workshop.runtime.local_cluster import MARKER, LocalCluster, processes_with_marker
 
 LAB = get_lab("parameter_server")
 DRIVER = load_driver()

@@ -345,7 +345,7 @@ class _DelayedHorovod:
 
 
 def _run_skewed(tmp_path: Path, delays: dict[str, float], **config):
-    from workshop.local_cluster import LocalCluster
+    from workshop.runtime.local_cluster import LocalCluster
 
     code = tmp_path / "code"
     code.mkdir()

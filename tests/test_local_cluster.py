@@ -14,7 +14,12 @@ from conftest import PROBE_CODE
 from sagemaker.train.distributed import Torchrun
 
 from workshop.errors import WorkshopError
-from workshop.local_cluster import MARKER, LocalCluster, TrainingFailed, processes_with_marker
+from workshop.runtime.local_cluster import (
+    MARKER,
+    LocalCluster,
+    TrainingFailed,
+    processes_with_marker,
+)
 
 
 def cluster(tmp_path, hosts=2, procs=2, **kw) -> LocalCluster:
@@ -289,7 +294,7 @@ def test_a_killed_notebook_kernel_takes_its_cluster_with_it(tmp_path, channels):
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
         "from sagemaker.train.distributed import Torchrun;"
-        "from workshop.local_cluster import LocalCluster;"
+        "from workshop.runtime.local_cluster import LocalCluster;"
         "c = LocalCluster(sys.argv[2], hosts=2, procs_per_host=2, distributed=Torchrun(process_count_per_node=2),"
         " workdir=sys.argv[3], echo=False, extra_env={'PROBE_SLEEP': '600'});"
         "c.run({}, {'train': sys.argv[4]})"

@@ -1,6 +1,6 @@
 """Shared helpers of the distributed-training workshop.
 
-- `workshop.local_cluster`: simulates N SageMaker hosts on this machine (the local runtime).
+- `workshop.runtime.local_cluster`: simulates N SageMaker hosts on this machine (the local runtime).
 - `workshop.sagemaker_jobs`: builds, dry-runs and submits SDK v3 `ModelTrainer` jobs.
 - `workshop.data`: writes the MNIST `train`/`test` channels and uploads them to S3.
 - `workshop.metrics`: the one metric-line format, its regexes, log parsing and plots.

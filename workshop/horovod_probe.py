@@ -9,7 +9,7 @@ the finished chunks on). Each rank sends 2(N-1)K/N bytes, all ranks 2(N-1)K toge
 Gloo controller calls `gloo::allreduce`, whose default algorithm is that ring.
 
 The ranks run on this machine under `horovodrun --gloo -np N -H localhost:N`, so every byte
-between them crosses the loopback interface, whose kernel counters (`workshop.netcounters`)
+between them crosses the loopback interface, whose kernel counters (`workshop.runtime.netcounters`)
 count it. Rank 0 reads the counters between barriers around each all-reduce; the same window
 without the all-reduce (barriers only) measures the background (Horovod's own coordination
 messages, anything else on loopback) and is reported next to it.
@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from workshop.errors import WorkshopError
-from workshop.netcounters import UNAVAILABLE, available, read_loopback
+from workshop.runtime.netcounters import UNAVAILABLE, available, read_loopback
 
 RESULT_PREFIX = "PROBE_RESULT "
 

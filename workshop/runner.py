@@ -13,7 +13,7 @@ from typing import Any
 from workshop import REPO_ROOT
 from workshop.data import prepare_mnist
 from workshop.labs import Lab
-from workshop.local_cluster import ClusterResult, LocalCluster
+from workshop.runtime.local_cluster import ClusterResult, LocalCluster
 
 DEFAULT_DATA_DIR = REPO_ROOT / "data" / "mnist"
 

@@ -59,10 +59,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workshop import aws
-from workshop.contract import RESERVED_CHANNELS  # taken by SDK v3 (see the module docstring)
 from workshop.errors import WorkshopError
 from workshop.labs import Lab, get_lab
 from workshop.metrics import parse_lines, sagemaker_metric_definitions
+from workshop.runtime.contract import (
+    RESERVED_CHANNELS,  # taken by SDK v3 (see the module docstring)
+)
 
 if TYPE_CHECKING:
     from sagemaker.train.distributed import DistributedConfig

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from workshop.data import prepare_mnist
 from workshop.labs import get_lab
-from workshop.local_cluster import LocalCluster
+from workshop.runtime.local_cluster import LocalCluster
 
 
 def main(argv=None) -> int:

@@ -4,7 +4,7 @@
 
 `workshop.horovod.Horovod` is the `DistributedConfig` whose `driver_dir` holds this file.
 `ModelTrainer` copies the folder into the `sm_drivers` channel and `sm_train.sh` runs this
-driver on every host; locally, `workshop.local_cluster` runs it once per simulated host.
+driver on every host; locally, `workshop.runtime.local_cluster` runs it once per simulated host.
 
 Why not SDK v3's `MPI()`: its driver passes the per-host process count as `mpirun -np`, so two
 hosts of four processes get 4 ranks, not 8; and an `mpirun` job needs MPI in the image, `sshd`

@@ -7,7 +7,7 @@ so the workshop ships this one: `workshop.parameter_server.ParameterServer` is t
 `DistributedConfig` whose `driver_dir` holds this file. `ModelTrainer` copies the folder into
 the `sm_drivers` channel (`/opt/ml/input/data/sm_drivers/distributed_drivers/`) and
 `sm_train.sh` runs `python .../ps_driver.py` on every host, in the code folder, after
-exporting the `SM_*` variables. Locally, `workshop.local_cluster` runs the same file once per
+exporting the `SM_*` variables. Locally, `workshop.runtime.local_cluster` runs the same file once per
 simulated host. It is stdlib only: it runs inside the training container.
 
 Topology, for hosts algo-1..algo-N (N >= 2), the TF2 `ParameterServerStrategy` roles:

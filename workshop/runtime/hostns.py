@@ -28,8 +28,8 @@ master on 127.0.0.1, and says so.
 
 Entry points (run by the local cluster, not by hand):
 
-    python -m workshop.hostns hold [--proxy]        # holds the job's user and network namespaces
-    python -m workshop.hostns host SPEC.json        # one simulated host: enter, mount, run
+    python -m workshop.runtime.hostns hold [--proxy]        # holds the job's user and network namespaces
+    python -m workshop.runtime.hostns host SPEC.json        # one simulated host: enter, mount, run
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def available() -> tuple[bool, str]:
     if not Path("/opt").is_dir() or not Path(HOSTS_FILE).is_file():
         return False, "this system has no /opt folder or no /etc/hosts to stand in for"
     probe = subprocess.run(
-        [sys.executable, "-m", "workshop.hostns", "probe"],
+        [sys.executable, "-m", "workshop.runtime.hostns", "probe"],
         capture_output=True, text=True, timeout=60, env=_clean_env(),
     )
     if probe.returncode == 0 and probe.stdout.strip() == "ok":
@@ -218,7 +218,7 @@ class NamespaceHolder:
     """
 
     def __init__(self, *, proxy: bool = False):
-        cmd = [sys.executable, "-m", "workshop.hostns", "hold"] + (["--proxy"] if proxy else [])
+        cmd = [sys.executable, "-m", "workshop.runtime.hostns", "hold"] + (["--proxy"] if proxy else [])
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=_clean_env(), preexec_fn=die_with_parent, start_new_session=True,
@@ -360,7 +360,7 @@ def _pipe(a: socket.socket, b: socket.socket) -> None:
 
 @dataclass
 class HostSpec:
-    """What one simulated host needs; written as JSON for `python -m workshop.hostns host`."""
+    """What one simulated host needs; written as JSON for `python -m workshop.runtime.hostns host`."""
 
     hostname: str
     sandbox: str  # mounted at /opt/ml
@@ -420,7 +420,7 @@ def _enter(spec: HostSpec) -> None:
 def _host(spec_path: str) -> int:
     # The same SIGTERM handling as the process runtime's host: forward it to the host's whole
     # process group, and if the local cluster died (PR_SET_PDEATHSIG), sweep for it.
-    from workshop.run_driver import forward_sigterm
+    from workshop.runtime.run_driver import forward_sigterm
 
     spec = HostSpec(**json.loads(Path(spec_path).read_text()))
     signal.signal(signal.SIGTERM, forward_sigterm)

@@ -1,6 +1,6 @@
 """Run a SageMaker SDK v3 container driver unchanged, on a simulated host.
 
-    python -m workshop.run_driver /path/to/distributed_drivers/torchrun_driver.py
+    python -m workshop.runtime.run_driver /path/to/distributed_drivers/torchrun_driver.py
 
 On SageMaker, `sm_train.sh` runs the driver of the job's `distributed=` config (SDK's
 `Torchrun`, or a workshop-owned `DistributedConfig`) after exporting the `SM_*` variables.
@@ -37,7 +37,7 @@ def _sweep_run(grace_s: float = GRACE_S) -> None:
     """After the launcher's own shutdown has had `grace_s`, SIGKILL every process of this run."""
     import time
 
-    from workshop.local_cluster import MARKER, processes_with_marker
+    from workshop.runtime.processes import MARKER, processes_with_marker
 
     cluster_id = os.environ.get(MARKER)
     if not cluster_id:
@@ -64,7 +64,7 @@ def forward_sigterm(signum, frame):  # noqa: ARG001
 
 def main(argv: list[str]) -> None:
     if len(argv) != 1:
-        sys.exit("usage: python -m workshop.run_driver DRIVER_SCRIPT")
+        sys.exit("usage: python -m workshop.runtime.run_driver DRIVER_SCRIPT")
     driver = Path(argv[0]).resolve()
     signal.signal(signal.SIGTERM, forward_sigterm)
     drivers_root = driver.parent.parent  # the drivers import `common.utils` from here

@@ -1,7 +1,7 @@
 """A SageMaker training cluster simulated on this machine: N hosts, the real drivers, loopback.
 
     from sagemaker.train.distributed import Torchrun
-    from workshop.local_cluster import LocalCluster
+    from workshop.runtime.local_cluster import LocalCluster
 
     cluster = LocalCluster("3_data_parallel/code", "train.py", hosts=2, procs_per_host=1,
                            distributed=Torchrun(process_count_per_node=1))
@@ -9,11 +9,11 @@
                          channels={"train": "data/mnist/train", "test": "data/mnist/test"})
     result.metric("final_test_accuracy")
 
-Each simulated host gets a sandbox laid out like `/opt/ml` (see `workshop.contract`), with the
+Each simulated host gets a sandbox laid out like `/opt/ml` (see `workshop.runtime.contract`), with the
 job's `code` and `sm_drivers` channels as SDK v3 uploads them, and runs what a SageMaker host
 runs for the same `distributed=` config, all hosts concurrently. Two runtimes:
 
-- **container** (Linux with unprivileged namespaces, `workshop.hostns`): each host sees its
+- **container** (Linux with unprivileged namespaces, `workshop.runtime.hostns`): each host sees its
   sandbox at `/opt/ml`, its hostname is `algo-N`, its peers resolve as `algo-1..algo-N` (at
   127.0.0.1..N), and it runs the SDK's own generated `sm_train.sh` unchanged: the SDK's
   `environment.py` writes `/opt/ml/input/sm_training.env`, the script `cd`s into the code and
@@ -24,7 +24,7 @@ runs for the same `distributed=` config, all hosts concurrently. Two runtimes:
   (`internet=True`) reaches it through an HTTPS proxy; hosts may start seconds apart
   (`start_skew_s`), as instances do.
 - **process** (elsewhere, said so when chosen): the same driver started by
-  `workshop.run_driver` with the `SM_*` variables pointing into the sandbox (`workshop.contract`
+  `workshop.runtime.run_driver` with the `SM_*` variables pointing into the sandbox (`workshop.runtime.contract`
   builds what `environment.py` would) and the master on 127.0.0.1 at a free port.
 
 So a local run exercises the real script, the real launcher command line and the real
@@ -64,8 +64,10 @@ from typing import Any
 
 import psutil
 
-from workshop import REPO_ROOT, hostns, metrics
-from workshop.contract import (
+from workshop import REPO_ROOT, metrics
+from workshop.errors import WorkshopError
+from workshop.runtime import hostns
+from workshop.runtime.contract import (
     RESERVED_CHANNELS,
     SAGEMAKER_MASTER_PORT,
     HostSandbox,
@@ -75,9 +77,8 @@ from workshop.contract import (
     host_names,
     write_sm_drivers,
 )
-from workshop.errors import WorkshopError
+from workshop.runtime.processes import MARKER, processes_with_marker
 
-MARKER = "WORKSHOP_CLUSTER_ID"
 DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
 RUNTIMES = ("auto", "container", "process")
 
@@ -227,18 +228,6 @@ def choose_runtime(requested: str = "auto") -> tuple[str, str]:
     if requested == "container" and not ok:
         raise WorkshopError(f"The container runtime cannot run here: {why}.", "use runtime='process' (or 'auto').")
     return ("container", why) if ok else ("process", why)
-
-
-def processes_with_marker(cluster_id: str) -> list[psutil.Process]:
-    """Every live process whose environment carries this cluster's marker."""
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.pid != os.getpid() and proc.environ().get(MARKER) == cluster_id:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-    return found
 
 
 class LocalCluster:
@@ -476,9 +465,9 @@ class LocalCluster:
                     stash=str(ns_dir / f"opt-{host}"), start_delay_s=self.start_delays[host_rank], cpus=mine,
                 )
                 specs.append((ns_dir / f"{host}.json", spec))
-                commands.append([sys.executable, "-m", "workshop.hostns", "host", str(ns_dir / f"{host}.json")])
+                commands.append([sys.executable, "-m", "workshop.runtime.hostns", "host", str(ns_dir / f"{host}.json")])
             else:
-                commands.append([sys.executable, "-m", "workshop.run_driver", str(driver)])
+                commands.append([sys.executable, "-m", "workshop.runtime.run_driver", str(driver)])
 
         launcher = self.distributed.__class__.__name__ if self.distributed is not None else "no launcher"
         if container:

@@ -1,0 +1,9 @@
+"""The local runtime: SageMaker's training contract, simulated on this machine. It knows no lab and no AWS.
+
+- `contract`: the container's contract (`/opt/ml`, `SM_*`, `sm_drivers`), a host's sandbox.
+- `local_cluster`: N simulated hosts running the SDK's own `sm_train.sh` (or its driver), their logs.
+- `hostns`: Linux namespaces that give each host `/opt/ml`, the hostname `algo-N` and a private network.
+- `run_driver`: the process runtime's entry, which runs one SDK driver script.
+- `processes`: how every process of one run is found (and swept) by its marker.
+- `netcounters`: the kernel's loopback byte counters, for measuring traffic.
+"""

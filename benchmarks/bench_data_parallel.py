@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from workshop import REPO_ROOT, metrics
-from workshop.data import MnistChannels, prepare_mnist
+from workshop.datasets.mnist import MnistChannels, prepare_mnist
 from workshop.labs import get_lab, hyperparameters_to_argv
 from workshop.runner import run_local
 from workshop.runtime.contract import base_process_env

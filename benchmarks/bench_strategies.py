@@ -4,7 +4,7 @@
     make bench-strategies
 
 The same model (lab 3's CNN, ~0.42M parameters) on the same data (the MNIST channels from
-`workshop.data.prepare_mnist`) with the same per-rank batch (64) and 1 thread per process
+`workshop.datasets.mnist.prepare_mnist`) with the same per-rank batch (64) and 1 thread per process
 (`--threads 1`, OMP_NUM_THREADS=1), trained by each strategy at 1, 2 and 4 local processes:
 
 - parameter server: lab 1's script and driver through the local cluster (TF2
@@ -72,7 +72,7 @@ from bench_data_parallel import _cpu_busy_s, _own_cpu_s  # noqa: E402
 from machine import describe_machine, load_average  # noqa: E402
 
 from workshop import REPO_ROOT, planner  # noqa: E402
-from workshop.data import prepare_mnist  # noqa: E402
+from workshop.datasets.mnist import prepare_mnist  # noqa: E402
 from workshop.labs import get_lab  # noqa: E402
 from workshop.runtime import netcounters  # noqa: E402
 from workshop.runtime.contract import base_process_env  # noqa: E402

@@ -19,7 +19,7 @@ PROBE_CODE = FIXTURES / "probe"
 @pytest.fixture(scope="session")
 def mnist_dir(tmp_path_factory) -> Path:
     """The 5,000-digit subset as train/test channels (tests never download)."""
-    from workshop.data import prepare_mnist
+    from workshop.datasets.mnist import prepare_mnist
 
     root = tmp_path_factory.mktemp("mnist")
     prepare_mnist(root, source="subset")
@@ -38,7 +38,7 @@ def _offline_mnist(monkeypatch):
 
 def isolate_aws(mp: pytest.MonkeyPatch, tmp: Path, user: str) -> None:
     """No credentials, no AWS or SDK config of the person running the tests, not on SageMaker."""
-    from workshop import aws
+    from workshop.cloud import aws
 
     for key in list(os.environ):
         if key.startswith(("AWS_", "SAGEMAKER_")):

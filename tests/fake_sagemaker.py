@@ -47,7 +47,7 @@ it was given, on `workshop.runtime.local_cluster.LocalCluster`, from what the SD
 4. **IAM as the SDK meets it.** The SDK's role validation stays on (`SAGEMAKER_VALIDATE_ROLE`
    unset): `tests/fake_aws_apis.py` answers `iam:SimulatePrincipalPolicy` from the role's
    policy documents, and the fake's role carries the workshop's own least-privilege policy
-   (`workshop.infra.role_policy`). `StopTrainingJob` exists (`fake_aws_apis`).
+   (`workshop.account.role_policy`). `StopTrainingJob` exists (`fake_aws_apis`).
 5. **Logs, metrics, model out.** Each host's lines go to CloudWatch Logs group
    `/aws/sagemaker/TrainingJobs`, stream `<job>/algo-N-<epoch seconds>`, as a real job shows
    them: without the local cluster's `[host/rank]` prefix and without torchrun's
@@ -92,7 +92,7 @@ from typing import Any
 
 REGION = "us-east-1"
 ROLE_NAME = "FakeSageMakerTrainingRole"
-LOG_GROUP = "/aws/sagemaker/TrainingJobs"  # what workshop.sagemaker_jobs reads
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"  # what workshop.jobs reads
 CONTAINER_ROOT = "/opt/ml"
 DRIVERS_IN_CONTAINER = "/opt/ml/input/data/sm_drivers/"
 RESERVED_CHANNELS = ("code", "sm_drivers")
@@ -266,17 +266,18 @@ class FakeSageMaker:
     @staticmethod
     def _create_role(boto: Any) -> str:
         """The attendee's execution role: the workshop's own least-privilege policy
-        (`workshop.infra.role_policy`, for this user, bucket and key prefix), which the SDK's role
+        (`workshop.account.role_policy`, for this user, bucket and key prefix), which the SDK's role
         validation then checks as it would in a real account."""
-        from workshop import aws, infra
+        from workshop import account, cloud
+        from workshop.cloud import aws
 
         iam = boto.client("iam")
-        role = iam.create_role(RoleName=ROLE_NAME, AssumeRolePolicyDocument=json.dumps(infra.trust_policy()),
+        role = iam.create_role(RoleName=ROLE_NAME, AssumeRolePolicyDocument=json.dumps(cloud.trust_policy()),
                                Description="fake_sagemaker: the workshop's least-privilege training role")
-        account = boto.client("sts").get_caller_identity()["Account"]
+        account_id = boto.client("sts").get_caller_identity()["Account"]
         session = aws.sagemaker_session(boto)
-        policy = infra.role_policy(region=boto.region_name, account=account, bucket=aws.sdk_bucket(session),
-                                   key_prefix=aws.sdk_key_prefix(session))
+        policy = account.role_policy(region=boto.region_name, account=account_id, bucket=aws.sdk_bucket(session),
+                                     key_prefix=aws.sdk_key_prefix(session))
         iam.put_role_policy(RoleName=ROLE_NAME, PolicyName="workshop-training", PolicyDocument=json.dumps(policy))
         return role["Role"]["Arn"]
 

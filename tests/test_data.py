@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workshop import REPO_ROOT, data
+from workshop import REPO_ROOT
+from workshop.datasets import mnist as data
 from workshop.errors import WorkshopError
 
 
@@ -189,7 +190,7 @@ def test_subset_is_deterministic_across_processes(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "workshop.data",
+            "workshop.datasets",
             "mnist",
             str(tmp_path / "there"),
             "--source",
@@ -213,7 +214,7 @@ def test_subset_is_deterministic_across_processes(tmp_path: Path) -> None:
 def test_cli_help_and_errors(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     help_run = subprocess.run(
-        [sys.executable, "-m", "workshop.data", "--help"],
+        [sys.executable, "-m", "workshop.datasets", "--help"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -223,7 +224,7 @@ def test_cli_help_and_errors(tmp_path: Path) -> None:
     assert help_run.returncode == 0
     assert "--source" in help_run.stdout and "mnist.npz" in help_run.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", "workshop.data", "cifar", str(tmp_path)],
+        [sys.executable, "-m", "workshop.datasets", "cifar", str(tmp_path)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

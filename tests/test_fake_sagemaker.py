@@ -38,7 +38,7 @@ def train(fake: Any, code: Path, *, hosts: int = 2, networking: Any = None, requ
     from sagemaker.train.distributed import Torchrun
     from sagemaker.train.model_trainer import ModelTrainer
 
-    from workshop import aws
+    from workshop.cloud import aws
 
     boto = boto3.Session(region_name=fake.region)
     trainer = ModelTrainer(
@@ -101,12 +101,12 @@ def test_a_vpc_without_a_route_out_has_no_pypi(fake: Any, tmp_path: Path) -> Non
     where pip cannot reach PyPI; with a NAT gateway the job has the internet."""
     from sagemaker.core.training.configs import Networking
 
-    from workshop import infra
+    from workshop import cloud
 
     code = tmp_path / "code"
     shutil.copytree(PROBE_CODE, code)
     (code / "requirements.txt").write_text("six==1.16.0\n")
-    net = infra.ensure_network(egress="endpoints", poll_s=0.01)
+    net = cloud.ensure_network(egress="endpoints", poll_s=0.01)
     networking = Networking(subnets=net.subnet_ids, security_group_ids=net.security_group_ids)
     described = train(fake, code, networking=networking, requirements="requirements.txt")
     assert described["TrainingJobStatus"] == "Failed"
@@ -116,8 +116,8 @@ def test_a_vpc_without_a_route_out_has_no_pypi(fake: Any, tmp_path: Path) -> Non
     assert any("six" in line and ("No matching distribution" in line or "ERROR" in line) for line in host_lines)
     assert not any("Running Torchrun Driver" == line for line in host_lines)  # set -e: it never trained
 
-    infra.delete_network(poll_s=0.01)
-    nat = infra.ensure_network(egress="nat", poll_s=0.01)
+    cloud.delete_network(poll_s=0.01)
+    nat = cloud.ensure_network(egress="nat", poll_s=0.01)
     described = train(fake, PROBE_CODE, networking=Networking(subnets=nat.subnet_ids,
                                                               security_group_ids=nat.security_group_ids))
     assert described["TrainingJobStatus"] == "Completed", described.get("FailureReason")

@@ -1,4 +1,4 @@
-"""workshop.infra: network, role, preflight, cost and cleanup, against moto (no credentials).
+"""workshop.cloud: network, role, preflight, cost and cleanup, against moto (no credentials).
 
 moto 5.2.5 lacks three of the APIs used here: SageMaker StopTrainingJob, IAM
 SimulatePrincipalPolicy and Service Quotas ListServiceQuotas (`NotImplementedError`
@@ -22,8 +22,9 @@ from botocore.stub import Stubber
 from conftest import isolate_aws, quota_client, service_quota
 from moto import mock_aws
 
-from workshop import REPO_ROOT, aws, infra
-from workshop import sagemaker_jobs as sj
+from workshop import REPO_ROOT, account, cloud, runner
+from workshop import jobs as sj
+from workshop.cloud import aws
 from workshop.errors import WorkshopError
 from workshop.labs import get_lab
 
@@ -35,7 +36,7 @@ USER = "alice"
 @pytest.fixture(autouse=True)
 def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     isolate_aws(monkeypatch, tmp_path, USER)
-    monkeypatch.setattr(infra, "POLL_S", 0.01)
+    monkeypatch.setattr(cloud.network, "POLL_S", 0.01)
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def boto(monkeypatch: pytest.MonkeyPatch):
 def tagged_leftovers(boto: Any) -> list[str]:
     """Every EC2 and IAM resource carrying the workshop tag."""
     ec2 = boto.client("ec2")
-    tag = [{"Name": f"tag:{infra.TAG_WORKSHOP}", "Values": [aws.WORKSHOP_NAME]}]
+    tag = [{"Name": f"tag:{cloud.TAG_WORKSHOP}", "Values": [aws.WORKSHOP_NAME]}]
     found = [v["VpcId"] for v in ec2.describe_vpcs(Filters=tag)["Vpcs"]]
     found += [s["SubnetId"] for s in ec2.describe_subnets(Filters=tag)["Subnets"]]
     found += [g["GroupId"] for g in ec2.describe_security_groups(Filters=tag)["SecurityGroups"]]
@@ -70,11 +71,11 @@ def tagged_leftovers(boto: Any) -> list[str]:
 @pytest.mark.parametrize("egress", ["endpoints", "nat"])
 def test_network_topology_security_idempotence_and_teardown(boto: Any, egress: str) -> None:
     ec2 = boto.client("ec2")
-    net = infra.ensure_network(boto, egress=egress)
+    net = cloud.ensure_network(boto, egress=egress)
     # One VPC, tagged with the workshop and the user.
     vpc = ec2.describe_vpcs(VpcIds=[net.vpc_id])["Vpcs"][0]
     tags = {t["Key"]: t["Value"] for t in vpc["Tags"]}
-    assert tags[infra.TAG_WORKSHOP] == aws.WORKSHOP_NAME and tags[infra.TAG_USER] == USER
+    assert tags[cloud.TAG_WORKSHOP] == aws.WORKSHOP_NAME and tags[cloud.TAG_USER] == USER
     # One availability zone for every subnet.
     subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [net.vpc_id]}])["Subnets"]
     assert {s["AvailabilityZone"] for s in subnets} == {net.availability_zone}
@@ -93,7 +94,7 @@ def test_network_topology_security_idempotence_and_teardown(boto: Any, egress: s
     rt = ec2.describe_route_tables(RouteTableIds=[net.route_table_id])["RouteTables"][0]
     assert net.subnet_ids[0] in [a.get("SubnetId") for a in rt["Associations"]]
     if egress == "endpoints":
-        assert set(net.interface_endpoint_ids) == set(infra.INTERFACE_ENDPOINTS)
+        assert set(net.interface_endpoint_ids) == set(cloud.INTERFACE_ENDPOINTS)
         for endpoint in ec2.describe_vpc_endpoints(VpcEndpointIds=list(net.interface_endpoint_ids.values()))["VpcEndpoints"]:
             assert endpoint["VpcEndpointType"] == "Interface" and endpoint["SubnetIds"] == net.subnet_ids
             assert [g["GroupId"] for g in endpoint["Groups"]] == [net.security_group_id]
@@ -103,20 +104,20 @@ def test_network_topology_security_idempotence_and_teardown(boto: Any, egress: s
         assert not net.interface_endpoint_ids
     # Every resource is tagged with the workshop and the user.
     for resource in infra_resources(ec2, net):
-        assert {t["Key"]: t["Value"] for t in resource["Tags"]}.get(infra.TAG_USER) == USER, resource
+        assert {t["Key"]: t["Value"] for t in resource["Tags"]}.get(cloud.TAG_USER) == USER, resource
     # Again: the same ids, nothing created.
-    again = infra.ensure_network(boto, egress=egress)
+    again = cloud.ensure_network(boto, egress=egress)
     assert again.created == [] and again.vpc_id == net.vpc_id and again.subnet_ids == net.subnet_ids
     assert again.security_group_id == net.security_group_id and again.s3_endpoint_id == net.s3_endpoint_id
     assert again.interface_endpoint_ids == net.interface_endpoint_ids and again.nat_gateway_id == net.nat_gateway_id
     # Tear down: nothing tagged left; twice is harmless.
-    deleted = infra.delete_network(boto)
+    deleted = cloud.delete_network(boto)
     assert net.vpc_id in deleted and net.security_group_id in deleted
     assert tagged_leftovers(boto) == []
-    assert infra.delete_network(boto) == []
+    assert cloud.delete_network(boto) == []
 
 
-def infra_resources(ec2: Any, net: infra.Network) -> list[dict[str, Any]]:
+def infra_resources(ec2: Any, net: cloud.Network) -> list[dict[str, Any]]:
     vpc = [{"Name": "vpc-id", "Values": [net.vpc_id]}]
     return [
         *ec2.describe_subnets(Filters=vpc)["Subnets"],
@@ -129,23 +130,23 @@ def infra_resources(ec2: Any, net: infra.Network) -> list[dict[str, Any]]:
 def test_network_errors_name_the_fix(boto: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     default_cidr = boto.client("ec2").describe_vpcs()["Vpcs"][0]["CidrBlock"]  # moto's default VPC
     with pytest.raises(WorkshopError, match=f"overlaps VPC .*{re.escape(default_cidr)}") as info:
-        infra.ensure_network(boto, cidr=default_cidr)
+        cloud.ensure_network(boto, cidr=default_cidr)
     assert "cidr='10.80.0.0/16'" in info.value.fix
     with pytest.raises(WorkshopError, match="egress must be one of"):
-        infra.ensure_network(boto, egress="vpn")
+        cloud.ensure_network(boto, egress="vpn")
     assert tagged_leftovers(boto) == []  # nothing was created
     # Polling has a timeout, and says what it last saw.
-    monkeypatch.setattr(infra, "_endpoints_state", lambda ec2, ids: (False, '{"vpce-1": "pending"}'))
+    monkeypatch.setattr(cloud.network, "_endpoints_state", lambda ec2, ids: (False, '{"vpce-1": "pending"}'))
     with pytest.raises(WorkshopError, match="Timed out after 0.05 s .*pending"):
-        infra.ensure_network(boto, timeout_s=0.05)
-    infra.delete_network(boto)
+        cloud.ensure_network(boto, timeout_s=0.05)
+    cloud.delete_network(boto)
     assert tagged_leftovers(boto) == []
 
 
 def test_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     with pytest.raises(WorkshopError, match="No AWS credentials") as info:
-        infra.cleanup()
+        account.cleanup()
     assert "aws configure" in info.value.fix
 
 
@@ -154,32 +155,32 @@ def test_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_role_is_least_privilege_idempotent_and_deleted(boto: Any) -> None:
     iam = boto.client("iam")
-    info = infra.ensure_role(boto)
+    info = account.ensure_role(boto)
     assert info.created and info.name == f"{aws.WORKSHOP_NAME}-{USER}"
     role = iam.get_role(RoleName=info.name)["Role"]
     assert role["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {"Service": "sagemaker.amazonaws.com"}
     policy = iam.get_role_policy(RoleName=info.name, PolicyName="workshop-training")["PolicyDocument"]
-    assert infra.wildcard_violations(policy) == []
+    assert cloud.wildcard_violations(policy) == []
     s3 = [st for st in policy["Statement"] if st["Sid"] == "WorkshopObjects"][0]
     bucket = f"arn:aws:s3:::sagemaker-{REGION}-{ACCOUNT}"
     assert f"{bucket}/{aws.WORKSHOP_NAME}/{USER}/*" in s3["Resource"]
     assert all(r.startswith(bucket + "/") for r in s3["Resource"])
-    assert infra.ensure_role(boto).created is False
+    assert account.ensure_role(boto).created is False
     # Off SageMaker, with no role given, the workshop role is found by name.
-    assert infra.resolve_role(None, boto) == info.arn
-    assert infra.delete_role(boto) == [info.name] and infra.delete_role(boto) == []
+    assert cloud.resolve_role(None, boto) == info.arn
+    assert cloud.delete_role(boto) == [info.name] and cloud.delete_role(boto) == []
     with pytest.raises(WorkshopError, match="No IAM role") as err:
-        infra.resolve_role(None, boto)
+        cloud.resolve_role(None, boto)
     assert "python -m workshop role" in err.value.fix and aws.ROLE_ENV in err.value.fix
 
 
 def test_a_role_the_workshop_did_not_create_is_left_alone(boto: Any) -> None:
     iam = boto.client("iam")
-    iam.create_role(RoleName=infra.role_name(), AssumeRolePolicyDocument=json.dumps(infra.trust_policy()))
+    iam.create_role(RoleName=cloud.role_name(), AssumeRolePolicyDocument=json.dumps(cloud.trust_policy()))
     with pytest.raises(WorkshopError, match="not created by the workshop"):
-        infra.ensure_role(boto)
-    assert infra.delete_role(boto) == []
-    assert iam.get_role(RoleName=infra.role_name())
+        account.ensure_role(boto)
+    assert cloud.delete_role(boto) == []
+    assert iam.get_role(RoleName=cloud.role_name())
 
 
 def _policy_documents_in_repo() -> dict[str, dict[str, Any]]:
@@ -214,17 +215,17 @@ def _policy_documents_in_repo() -> dict[str, dict[str, Any]]:
 
 
 def test_no_policy_grants_wildcard_actions_on_wildcard_resources() -> None:
-    documents = {**infra.shipped_policy_documents(), **_policy_documents_in_repo()}
+    documents = {**account.shipped_policy_documents(), **_policy_documents_in_repo()}
     assert "role_policy" in documents and "trust_policy" in documents
     assert any("test_sagemaker_jobs.py" in name for name in documents)  # the literal scan finds literals
     for name, document in documents.items():
-        assert infra.wildcard_violations(document) == [], name
+        assert cloud.wildcard_violations(document) == [], name
     # ... and the check catches what it must.
     bad = {"Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
-    assert infra.wildcard_violations(bad)
-    assert infra.wildcard_violations({"Statement": {"Effect": "Allow", "Action": ["*"], "Resource": ["*"]}})
-    assert infra.wildcard_violations({"Statement": [{"Effect": "Allow", "NotAction": "iam:*", "Resource": "*"}]})
-    assert not infra.wildcard_violations({"Statement": [{"Effect": "Deny", "Action": "*", "Resource": "*"}]})
+    assert cloud.wildcard_violations(bad)
+    assert cloud.wildcard_violations({"Statement": {"Effect": "Allow", "Action": ["*"], "Resource": ["*"]}})
+    assert cloud.wildcard_violations({"Statement": [{"Effect": "Allow", "NotAction": "iam:*", "Resource": "*"}]})
+    assert not cloud.wildcard_violations({"Statement": [{"Effect": "Deny", "Action": "*", "Resource": "*"}]})
 
 
 # --------------------------------------------------------------------------- preflight (Stubber)
@@ -245,16 +246,16 @@ QUOTAS = [
 
 
 def test_quota_checks() -> None:
-    assert "quota: ml.g4dn.xlarge for training: 4 (need 2)" == infra.check_quota(quota_client(QUOTAS, REGION), "ml.g4dn.xlarge", 2, REGION)
+    assert "quota: ml.g4dn.xlarge for training: 4 (need 2)" == cloud.check_quota(quota_client(QUOTAS, REGION), "ml.g4dn.xlarge", 2, REGION)
     with pytest.raises(WorkshopError, match="quota for ml.g5.xlarge training instances in us-east-1 is zero") as info:
-        infra.check_quota(quota_client(QUOTAS, REGION), "ml.g5.xlarge", 2, REGION)
+        cloud.check_quota(quota_client(QUOTAS, REGION), "ml.g5.xlarge", 2, REGION)
     assert "--quota-code L-G5X --desired-value 2" in info.value.fix
     assert "ml.g4dn.xlarge, whose quota allows 2" in info.value.fix  # a smaller GPU instance
     with pytest.raises(WorkshopError, match="is 1; the job needs 2") as info:
-        infra.check_quota(quota_client(QUOTAS, REGION), "ml.c5.2xlarge", 2, REGION)
+        cloud.check_quota(quota_client(QUOTAS, REGION), "ml.c5.2xlarge", 2, REGION)
     assert "ml.m5.xlarge" in info.value.fix and "hosts=1" in info.value.fix
     with pytest.raises(WorkshopError, match="ml.p4d.24xlarge is not offered for SageMaker training in us-east-1") as info:
-        infra.check_quota(quota_client(QUOTAS, REGION), "ml.p4d.24xlarge", 1, REGION)
+        cloud.check_quota(quota_client(QUOTAS, REGION), "ml.p4d.24xlarge", 1, REGION)
     assert "ml.g4dn.xlarge" in info.value.fix
 
 
@@ -270,7 +271,7 @@ def _iam_client(denied: list[str], checks: list[tuple[tuple[str, ...], str | Non
         if resource:
             expected["ResourceArns"] = [resource]
         if "iam:PassRole" in names:
-            expected["ContextEntries"] = infra.PASS_ROLE_CONTEXT
+            expected["ContextEntries"] = cloud.PASS_ROLE_CONTEXT
         stub.add_response("simulate_principal_policy", {"EvaluationResults": results, "IsTruncated": False}, expected)
     stub.activate()
     return client, user
@@ -278,36 +279,36 @@ def _iam_client(denied: list[str], checks: list[tuple[tuple[str, ...], str | Non
 
 def test_permission_simulation_lists_what_is_missing() -> None:
     role = f"arn:aws:iam::{ACCOUNT}:role/r"
-    checks = infra.job_permission_checks(region=REGION, account=ACCOUNT, partition="aws", base_job_name="alice-data-parallel")
+    checks = cloud.job_permission_checks(region=REGION, account=ACCOUNT, partition="aws", base_job_name="alice-data-parallel")
     # Simulated against the job's real resources, not "*": the bucket, the data prefix, the job.
     assert (("s3:ListBucket",), f"arn:aws:s3:::sagemaker-{REGION}-{ACCOUNT}") in checks
     client, user = _iam_client([], checks, role)
-    assert "may pass the role and create the job (8 actions simulated)" in infra.check_permissions(client, user, role, checks)
+    assert "may pass the role and create the job (8 actions simulated)" in cloud.check_permissions(client, user, role, checks)
     client, user = _iam_client(["sagemaker:CreateTrainingJob", "iam:PassRole"], checks, role)
     with pytest.raises(WorkshopError, match="missing permissions the job needs: iam:PassRole, sagemaker:CreateTrainingJob") as info:
-        infra.check_permissions(client, user, role, checks)
+        cloud.check_permissions(client, user, role, checks)
     assert role in info.value.fix
     # Root cannot be simulated (and needs not be).
-    assert infra.check_permissions(None, f"arn:aws:iam::{ACCOUNT}:root", role, checks).startswith("permissions: not simulated")
+    assert cloud.check_permissions(None, f"arn:aws:iam::{ACCOUNT}:root", role, checks).startswith("permissions: not simulated")
 
 
 def test_preflight_under_moto_skips_what_moto_lacks_and_prints_cost(boto: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    report = infra.preflight(_plan(), f"arn:aws:iam::{ACCOUNT}:role/r", boto)
+    report = cloud.preflight(_plan(), f"arn:aws:iam::{ACCOUNT}:role/r", boto)
     assert "not simulated" in report.permissions and "not checked" in report.quota
     assert report.cost.upper_bound_usd == pytest.approx(2 * 1.408)
     out = capsys.readouterr().out
-    assert "$2.82 = 2 x ml.g5.xlarge x $1.408/h x 1 h" in out and infra.PRICES_DATE in out
+    assert "$2.82 = 2 x ml.g5.xlarge x $1.408/h x 1 h" in out and cloud.PRICES_DATE in out
 
 
 def test_cost_estimate_and_price_table() -> None:
-    est = infra.estimate_cost("ml.p4d.24xlarge", 2, 7200, network_egress="endpoints")
+    est = cloud.estimate_cost("ml.p4d.24xlarge", 2, 7200, network_egress="endpoints")
     assert est.upper_bound_usd == pytest.approx(2 * 37.688 * 2)
     assert est.network_hourly_usd == pytest.approx(0.04)
     assert any("$0.040 per hour" in line for line in est.lines())
-    assert infra.estimate_cost("ml.x9.huge", 1, 3600).hourly_usd is None
-    for name, price in {**infra.INSTANCE_PRICES, **infra.NETWORK_PRICES}.items():
+    assert cloud.estimate_cost("ml.x9.huge", 1, 3600).hourly_usd is None
+    for name, price in {**cloud.INSTANCE_PRICES, **cloud.NETWORK_PRICES}.items():
         assert price.source and (price.verified or "unverified" in price.source or price.usd_per_hour == 0), name
-    assert infra.network_hourly_usd("nat") == pytest.approx(0.05)
+    assert cloud.network_hourly_usd("nat") == pytest.approx(0.05)
 
 
 # --------------------------------------------------------------------------- cleanup (Stubber for stop)
@@ -331,7 +332,7 @@ def test_stop_user_jobs_stops_only_this_users_workshop_jobs() -> None:
     stub.add_response("list_tags", {"Tags": [{"Key": "project", "Value": "not the workshop"}]},
                       {"ResourceArn": arn + jobs[1]["TrainingJobName"]})
     with stub:
-        assert infra.stop_user_jobs(client, USER) == ["alice-data-parallel-1"]
+        assert cloud.stop_user_jobs(client, USER) == ["alice-data-parallel-1"]
         stub.assert_no_pending_responses()
 
 
@@ -343,13 +344,13 @@ def test_cleanup_deletes_network_role_and_opt_in_s3(boto: Any) -> None:
     others = [f"{aws.WORKSHOP_NAME}/bob/data/mnist/train/mnist.npz", "alice-unrelated/x"]
     for key in mine + others:
         s3.put_object(Bucket=bucket, Key=key, Body=b"x")
-    infra.ensure_network(boto)
-    infra.ensure_role(boto)
-    report = infra.cleanup(boto, show=False)
+    cloud.ensure_network(boto)
+    account.ensure_role(boto)
+    report = account.cleanup(boto, show=False)
     assert report.network and report.role and report.s3_objects is None
     assert tagged_leftovers(boto) == []
     assert len(s3.list_objects_v2(Bucket=bucket)["Contents"]) == 4  # S3 is opt-in
-    again = infra.cleanup(boto, delete_s3=True, show=False)
+    again = account.cleanup(boto, delete_s3=True, show=False)
     assert again.network == [] and again.role == [] and again.s3_objects == 2
     assert sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]) == sorted(others)
 
@@ -370,25 +371,25 @@ def test_run_lab_on_sagemaker_with_network_and_role(boto: Any, tmp_path: Path, c
     for channel in ("train", "test"):
         (data / channel).mkdir(parents=True)
         np.savez(data / channel / "mnist.npz", images=np.zeros((4, 28, 28), np.uint8), labels=np.arange(4))
-    result = sj.run_lab_on_sagemaker("data_parallel", hosts=2, procs_per_host=None, hyperparameters={"epochs": 1, "batch-size": 2},
+    result = runner.run_on_sagemaker("data_parallel", hosts=2, procs_per_host=None, hyperparameters={"epochs": 1, "batch-size": 2},
                                      data_dir=data, region=REGION, network=True, create_role=True, wait=False)
     described = boto.client("sagemaker").describe_training_job(TrainingJobName=result.job_name)
-    net_vpc = infra.find_network(boto)
+    net_vpc = cloud.find_network(boto)
     subnets = boto.client("ec2").describe_subnets(Filters=[{"Name": "vpc-id", "Values": [net_vpc]}])["Subnets"]
     assert described["VpcConfig"]["Subnets"] == [s["SubnetId"] for s in subnets]
-    assert described["RoleArn"].endswith(f"role/{infra.role_name()}")
+    assert described["RoleArn"].endswith(f"role/{cloud.role_name()}")
     out = capsys.readouterr().out
     assert out.index("[infra] cost: at most") < out.index("step 3/5") < out.index("network: VPC")
-    infra.cleanup(boto, show=False)
+    account.cleanup(boto, show=False)
     assert tagged_leftovers(boto) == []
 
 
 def test_dry_run_prints_network_role_preflight_and_cost(capsys: pytest.CaptureFixture[str]) -> None:
-    request = sj.dry_run("data_parallel", hyperparameters={"epochs": 1}, network=True)
+    request = sj.dry_run(get_lab("data_parallel"), hyperparameters={"epochs": 1}, network=True)
     assert request["VpcConfig"] == {"SecurityGroupIds": [sj.DRY_RUN_SECURITY_GROUP], "Subnets": [sj.DRY_RUN_SUBNET]}
     out = capsys.readouterr().out
     for expected in ("network: would create or reuse VPC", "role: arn:aws:iam::123456789012:role/WorkshopDryRunPlaceholder",
-                     "cost: at most $2.82", "preflight needing an account", infra.PRICES_DATE):
+                     "cost: at most $2.82", "preflight needing an account", cloud.PRICES_DATE):
         assert expected in out, expected
     with pytest.raises(WorkshopError, match="either network"):
-        sj.dry_run("data_parallel", hyperparameters={}, network=True, subnets=["subnet-1"], security_group_ids=["sg-1"])
+        sj.dry_run(get_lab("data_parallel"), hyperparameters={}, network=True, subnets=["subnet-1"], security_group_ids=["sg-1"])

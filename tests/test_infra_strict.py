@@ -1,4 +1,4 @@
-"""workshop.infra and the SageMaker job against the stricter fake AWS: moto plus
+"""workshop.cloud and the SageMaker job against the stricter fake AWS: moto plus
 `tests/fake_aws_apis.py` (IAM's policy simulator and StopTrainingJob), with the SDK's own role
 validation left on, as it is on a real account.
 
@@ -24,8 +24,10 @@ import fake_aws_apis
 import pytest
 from conftest import isolate_aws, strict_moto
 
-from workshop import aws, infra
-from workshop import sagemaker_jobs as sj
+from workshop import account, cloud
+from workshop import jobs as sj
+from workshop.cloud import aws
+from workshop.datasets import mnist
 from workshop.errors import WorkshopError
 from workshop.labs import get_lab
 
@@ -39,13 +41,13 @@ IMAGE = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/workshop-test:1"
 @pytest.fixture
 def boto(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     """moto with the simulator, credentials and a region; no SAGEMAKER_VALIDATE_ROLE anywhere."""
-    monkeypatch.setattr(infra, "POLL_S", 0.01)
+    monkeypatch.setattr(cloud.network, "POLL_S", 0.01)
     with strict_moto(monkeypatch, tmp_path, USER, REGION) as session:
         yield session
 
 
 def _trainer(role_arn: str, **kwargs: Any) -> Any:
-    return sj.build_trainer("data_parallel", hyperparameters={"epochs": 1}, role=role_arn, region=REGION,
+    return sj.build_trainer(get_lab("data_parallel"), hyperparameters={"epochs": 1}, role=role_arn, region=REGION,
                             instance_type="ml.m5.xlarge", instance_count=2, image_uri=IMAGE, **kwargs)
 
 
@@ -55,7 +57,7 @@ def _trainer(role_arn: str, **kwargs: Any) -> Any:
 def test_the_workshop_role_passes_the_sdks_own_role_validation(boto: Any) -> None:
     from sagemaker.core.helper import iam_role_resolver
 
-    role = infra.ensure_role(boto)
+    role = account.ensure_role(boto)
     assert os.environ.get("SAGEMAKER_VALIDATE_ROLE") is None  # the SDK validates, as on a real account
     # The SDK's own verdict on its smoke-test actions, simulated without resources or context.
     assert iam_role_resolver._evaluate_permissions(boto.client("iam"), role.arn, "training") == (True, [])
@@ -63,14 +65,14 @@ def test_the_workshop_role_passes_the_sdks_own_role_validation(boto: Any) -> Non
     assert trainer.role == role.arn
     # Still least privilege.
     policy = boto.client("iam").get_role_policy(RoleName=role.name, PolicyName="workshop-training")["PolicyDocument"]
-    assert infra.wildcard_violations(policy) == []
+    assert cloud.wildcard_violations(policy) == []
     metrics = [st for st in policy["Statement"] if "cloudwatch:PutMetricData" in st["Action"]]
     assert metrics == [{"Sid": "TrainingMetrics", "Effect": "Allow", "Action": ["cloudwatch:PutMetricData"], "Resource": "*"}]
 
 
 def test_a_role_missing_a_smoke_test_action_is_refused_with_the_fix(boto: Any) -> None:
     iam = boto.client("iam")
-    role = infra.ensure_role(boto)
+    role = account.ensure_role(boto)
     policy = iam.get_role_policy(RoleName=role.name, PolicyName="workshop-training")["PolicyDocument"]
     for statement in policy["Statement"]:
         if "ec2:DescribeSubnets" in statement["Action"]:
@@ -81,7 +83,7 @@ def test_a_role_missing_a_smoke_test_action_is_refused_with_the_fix(boto: Any) -
     assert role.arn in info.value.message
     assert "python -m workshop role" in info.value.fix and "SAGEMAKER_VALIDATE_ROLE=false" in info.value.fix
     # The fix works: ensure_role rewrites the policy.
-    infra.ensure_role(boto)
+    account.ensure_role(boto)
     assert _trainer(role.arn).role == role.arn
 
 
@@ -100,7 +102,7 @@ def _grant(boto: Any, statements: list[dict[str, Any]]) -> None:
 
 
 def test_preflight_simulates_the_callers_permissions_and_reports_what_is_missing(boto: Any) -> None:
-    role = infra.ensure_role(boto)
+    role = account.ensure_role(boto)
     plan = sj.plan_job(get_lab("data_parallel"), hyperparameters={}, region=REGION,
                        instance_type="ml.m5.xlarge", instance_count=2, image_uri=IMAGE)
     bucket = f"arn:aws:s3:::sagemaker-{REGION}-{ACCOUNT}"
@@ -115,23 +117,23 @@ def test_preflight_simulates_the_callers_permissions_and_reports_what_is_missing
     _grant(boto, statements)
     assert aws.require_credentials(caller) == f"arn:aws:iam::{ACCOUNT}:user/attendee"
     with pytest.raises(WorkshopError, match=r"user/attendee is missing permissions the job needs: iam:PassRole\.") as info:
-        infra.preflight(plan, role.arn, caller, show=False)
+        cloud.preflight(plan, role.arn, caller, show=False)
     assert role.arn in info.value.fix
     # PassRole as administrators (and the SDK's own policies) write it: only to SageMaker. The
     # request that passes the role carries iam:PassedToService, so the simulation must too.
     pass_role = {"Effect": "Allow", "Action": "iam:PassRole", "Resource": role.arn,
                  "Condition": {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}}
     _grant(boto, [*statements, pass_role])
-    report = infra.preflight(plan, role.arn, caller, show=False)
+    report = cloud.preflight(plan, role.arn, caller, show=False)
     assert "may pass the role and create the job (8 actions simulated)" in report.permissions
     pass_role["Condition"]["StringEquals"]["iam:PassedToService"] = "ec2.amazonaws.com"
     _grant(boto, [*statements, pass_role])
     with pytest.raises(WorkshopError, match=r"missing permissions the job needs: iam:PassRole\."):
-        infra.preflight(plan, role.arn, caller, show=False)
+        cloud.preflight(plan, role.arn, caller, show=False)
     # A scoped resource is simulated against the job's real resources, not "*".
     _grant(boto, [statements[0], *statements[2:], pass_role | {"Condition": {}}])
     with pytest.raises(WorkshopError, match=r"needs: s3:GetObject, s3:PutObject\."):
-        infra.preflight(plan, role.arn, caller, show=False)
+        cloud.preflight(plan, role.arn, caller, show=False)
 
 
 # --------------------------------------------------------------------------- defect 2: attendees
@@ -163,7 +165,7 @@ def _running_job(boto: Any, plan: Any, name: str) -> str:
     boto.client("sagemaker").create_training_job(
         TrainingJobName=name,
         AlgorithmSpecification={"TrainingImage": plan.image_uri, "TrainingInputMode": "File"},
-        RoleArn=f"arn:aws:iam::{ACCOUNT}:role/{infra.role_name()}",
+        RoleArn=f"arn:aws:iam::{ACCOUNT}:role/{cloud.role_name()}",
         OutputDataConfig={"S3OutputPath": f"s3://sagemaker-{REGION}-{ACCOUNT}/{plan.base_job_name}"},
         ResourceConfig={"InstanceType": plan.instance_type, "InstanceCount": plan.instance_count, "VolumeSizeInGB": 30},
         StoppingCondition={"MaxRuntimeInSeconds": plan.max_run_s},
@@ -176,7 +178,7 @@ def _running_job(boto: Any, plan: Any, name: str) -> str:
 def _ec2_of(boto: Any, user: str) -> list[str]:
     """Every EC2 resource tagged as this user's."""
     ec2 = boto.client("ec2")
-    mine = [{"Name": f"tag:{infra.TAG_USER}", "Values": [user]}]
+    mine = [{"Name": f"tag:{cloud.TAG_USER}", "Values": [user]}]
     found = [v["VpcId"] for v in ec2.describe_vpcs(Filters=mine)["Vpcs"]]
     found += [s["SubnetId"] for s in ec2.describe_subnets(Filters=mine)["Subnets"]]
     found += [g["GroupId"] for g in ec2.describe_security_groups(Filters=mine)["SecurityGroups"]]
@@ -194,12 +196,12 @@ def test_one_attendees_cleanup_leaves_another_attendees_things_alone(boto: Any, 
     for n, name in enumerate(("workshop-participant-01", "workshop-participant-02"), 1):
         monkeypatch.setenv(aws.USER_ENV, name)
         user = aws.user_prefix()
-        net = infra.ensure_network(boto)
-        role = infra.ensure_role(boto)
+        net = cloud.ensure_network(boto)
+        role = account.ensure_role(boto)
         plan = sj.plan_job(get_lab("data_parallel"), hyperparameters={}, region=REGION,
                            instance_type="ml.m5.xlarge", instance_count=2, image_uri=IMAGE)
         job = _running_job(boto, plan, f"{plan.base_job_name}-2026112300000{n}")
-        keys = [f"{sj.data_prefix()}/{channel}/mnist.npz" for channel in ("train", "test")]
+        keys = [f"{mnist.data_prefix()}/{channel}/mnist.npz" for channel in ("train", "test")]
         keys.append(f"{plan.base_job_name}/{job}/input/code/train.py")
         for key in keys:
             s3.put_object(Bucket=bucket, Key=key, Body=name.encode())
@@ -210,7 +212,7 @@ def test_one_attendees_cleanup_leaves_another_attendees_things_alone(boto: Any, 
     assert not set(one["keys"]) & set(two["keys"])
 
     monkeypatch.setenv(aws.USER_ENV, "workshop-participant-01")
-    report = infra.cleanup(boto, delete_s3=True, show=False)
+    report = account.cleanup(boto, delete_s3=True, show=False)
 
     # Attendee 1's things are gone ...
     assert report.stopped_jobs == [one["job"]]
@@ -254,16 +256,16 @@ def test_role_preflight_and_cleanup_follow_the_bucket_and_prefix_the_sdk_uses(
     monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
     s3, sm = boto.client("s3"), boto.client("sagemaker")
     s3.create_bucket(Bucket=TEAM_BUCKET)
-    role = infra.ensure_role(boto)
+    role = account.ensure_role(boto)
     trainer = _trainer(role.arn)  # the SDK's role validation on
-    assert sj.data_prefix() == f"{TEAM_PREFIX}/{aws.WORKSHOP_NAME}/{USER}/data/mnist"
-    from workshop import (
-        model_parallel,  # lab 4's corpus sits under the same prefix, where the role reads
+    assert mnist.data_prefix() == f"{TEAM_PREFIX}/{aws.WORKSHOP_NAME}/{USER}/data/mnist"
+    from workshop.datasets import (
+        corpus,  # lab 4's corpus sits under the same prefix, where the role reads
     )
 
-    assert model_parallel.data_prefix() == f"{TEAM_PREFIX}/{aws.WORKSHOP_NAME}/{USER}/data/pydoc-corpus"
-    assert any(model_parallel.data_prefix().startswith(p) for p in infra.s3_prefixes())
-    inputs = {c: f"s3://{TEAM_BUCKET}/{sj.data_prefix()}/{c}" for c in ("train", "test")}
+    assert corpus.data_prefix() == f"{TEAM_PREFIX}/{aws.WORKSHOP_NAME}/{USER}/data/pydoc-corpus"
+    assert any(corpus.data_prefix().startswith(p) for p in account.s3_prefixes())
+    inputs = {c: f"s3://{TEAM_BUCKET}/{mnist.data_prefix()}/{c}" for c in ("train", "test")}
     for uri in inputs.values():
         s3.put_object(Bucket=TEAM_BUCKET, Key=f"{uri.split('/', 3)[3]}/mnist.npz", Body=b"x")
     others = [f"{TEAM_PREFIX}/someone-else-data-parallel/code/train.py", "outside-the-prefix.txt"]
@@ -292,7 +294,7 @@ def test_role_preflight_and_cleanup_follow_the_bucket_and_prefix_the_sdk_uses(
         assert _decision(boto, role.arn, "s3:PutObject", f"arn:aws:s3:::{uri[len('s3://'):]}") == "allowed", uri
     # Nothing outside the user's prefixes, and not the bucket the SDK would use without the config.
     for outside in (f"{TEAM_BUCKET}/{others[0]}", f"{TEAM_BUCKET}/{others[1]}",
-                    f"sagemaker-{REGION}-{ACCOUNT}/{sj.data_prefix()}/train/mnist.npz"):
+                    f"sagemaker-{REGION}-{ACCOUNT}/{mnist.data_prefix()}/train/mnist.npz"):
         assert _decision(boto, role.arn, "s3:GetObject", f"arn:aws:s3:::{outside}") == "implicitDeny", outside
 
     # The preflight simulates the caller against that bucket and prefix too: a caller allowed
@@ -307,9 +309,9 @@ def test_role_preflight_and_cleanup_follow_the_bucket_and_prefix_the_sdk_uses(
     ])
     plan = sj.plan_job(get_lab("data_parallel"), hyperparameters={}, region=REGION,
                        instance_type="ml.m5.xlarge", instance_count=2, image_uri=IMAGE)
-    assert "may pass the role" in infra.preflight(plan, role.arn, caller, show=False).permissions
+    assert "may pass the role" in cloud.preflight(plan, role.arn, caller, show=False).permissions
 
     # Cleanup deletes the user's objects there, and only those.
-    report = infra.cleanup(boto, delete_s3=True, show=False)
+    report = account.cleanup(boto, delete_s3=True, show=False)
     assert report.s3_objects == len(keys)
     assert sorted(o["Key"] for o in s3.list_objects_v2(Bucket=TEAM_BUCKET)["Contents"]) == sorted(others)

@@ -17,7 +17,7 @@ import pytest
 
 from workshop.errors import WorkshopError
 from workshop.labs import get_lab
-from workshop.parameter_server import ParameterServer, job_ports, load_driver
+from workshop.launchers.parameter_server import ParameterServer, job_ports, load_driver
 from workshop.runner import run_local
 from workshop.runtime.local_cluster import MARKER, LocalCluster, processes_with_marker
 
@@ -72,9 +72,9 @@ def test_driver_is_self_contained():
 
 
 def test_sagemaker_request(tmp_path):
-    from workshop import sagemaker_jobs as sj
+    from workshop import jobs as sj
 
-    assert "parameter_server" in sj.LAUNCHERS
+    assert LAB.launcher.name == "parameter_server"
     request = sj.dry_run(LAB, hyperparameters={"steps": 100}, show=False)
     assert request["AlgorithmSpecification"]["TrainingImage"].endswith("tensorflow-training:2.21-cpu-py312")
     assert request["ResourceConfig"]["InstanceType"] == "ml.c5.2xlarge"

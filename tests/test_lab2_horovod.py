@@ -17,8 +17,8 @@ from conftest import isolate_aws
 
 from workshop import metrics
 from workshop.errors import WorkshopError
-from workshop.horovod import Horovod, check_installed, load_driver
 from workshop.labs import get_lab, get_labs
+from workshop.launchers.horovod import Horovod, check_installed, load_driver
 from workshop.runner import run_local
 
 PT = get_lab("horovod_pytorch")
@@ -209,8 +209,8 @@ def no_aws(monkeypatch, tmp_path):
 def test_sagemaker_request_installs_horovod_from_the_wheel_channel(no_aws):
     """The job's hosts install the wheel built once for the image from channel `horovod`,
     keyed by image and Horovod version under the user's own prefix; no per-host build."""
-    from workshop.horovod import wheel_channel_uri
-    from workshop.sagemaker_jobs import dry_run
+    from workshop.jobs import dry_run
+    from workshop.launchers.horovod import wheel_channel_uri
 
     request = dry_run(PT, hyperparameters={"epochs": 2}, instance_count=2, procs_per_host=1, show=False)
     config = json.loads(request.sm_drivers["distributed.json"])
@@ -236,7 +236,7 @@ def test_sagemaker_request_installs_horovod_from_the_wheel_channel(no_aws):
 
 
 def test_wheel_keys_follow_image_and_horovod_version():
-    from workshop import horovod
+    from workshop.launchers import horovod
 
     cpu = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.9-cpu-py312"
     assert horovod.image_key(cpu) == "pytorch-training/2.9-cpu-py312"
@@ -252,18 +252,18 @@ def test_wheel_keys_follow_image_and_horovod_version():
         f"distributed-training-workshop/bob/horovod/{horovod.HOROVOD_VERSION}-r{horovod.BUILD_REV}/pytorch-training/2.9-cpu-py312"
     )
     # Under the user's own prefix, which the workshop role's policy already covers.
-    from workshop import infra
+    from workshop import account
 
-    assert horovod.wheel_prefix(cpu, user="bob", key_prefix="").startswith(infra.s3_prefixes("bob", "")[0])
+    assert horovod.wheel_prefix(cpu, user="bob", key_prefix="").startswith(account.s3_prefixes("bob", "")[0])
     # ... also after the SDK's default key prefix, where the SDK config sets one.
-    assert horovod.wheel_prefix(cpu, user="bob", key_prefix="team").startswith(infra.s3_prefixes("bob", "team")[0])
+    assert horovod.wheel_prefix(cpu, user="bob", key_prefix="team").startswith(account.s3_prefixes("bob", "team")[0])
     assert horovod.wheel_prefix(cpu, user="bob", key_prefix="team").startswith("team/distributed-training-workshop/bob/")
 
 
 def test_build_revision_and_version_agree_everywhere():
     import re
 
-    from workshop import horovod
+    from workshop.launchers import horovod
 
     driver = load_driver()
     build_py = (horovod.DRIVER_DIR / "hvd_build.py").read_text()
@@ -276,8 +276,8 @@ def test_build_revision_and_version_agree_everywhere():
 
 
 def test_gpu_instances_are_refused_for_the_cpu_only_wheel(no_aws):
-    from workshop.horovod import GPU_FIX
-    from workshop.sagemaker_jobs import plan_job
+    from workshop.jobs import plan_job
+    from workshop.launchers.horovod import GPU_FIX
 
     with pytest.raises(WorkshopError, match="CPU-only") as err:
         plan_job(PT, hyperparameters={}, region="us-east-1", instance_type="ml.g5.xlarge", procs_per_host=1)
@@ -301,7 +301,7 @@ def test_driver_refuses_gpu_hosts_with_a_horovod_built_without_nccl():
 
 
 def test_sagemaker_refuses_more_ranks_than_gpus(no_aws):
-    from workshop.sagemaker_jobs import plan_job
+    from workshop.jobs import plan_job
 
     with pytest.raises(WorkshopError, match="1 GPU"):
         plan_job(PT, hyperparameters={}, region="us-east-1", instance_type="ml.g5.xlarge", procs_per_host=4)
@@ -334,7 +334,7 @@ class _DelayedHorovod:
     """What LocalCluster reads from a DistributedConfig, with the driver started late on some hosts."""
 
     def __init__(self, config: Horovod, folder: Path):
-        from workshop.horovod import DRIVER_DIR, DRIVER_SCRIPT
+        from workshop.launchers.horovod import DRIVER_DIR, DRIVER_SCRIPT
 
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "delayed_driver.py").write_text(DELAYED_DRIVER.format(driver=str(DRIVER_DIR / DRIVER_SCRIPT)))
@@ -412,8 +412,8 @@ def _build_output(folder: Path, wheels=("horovod-0.28.1-cp312-cp312-linux_x86_64
 
 
 def test_the_first_job_plans_a_build_and_the_next_finds_the_wheel(moto_s3, tmp_path):
-    from workshop import horovod
-    from workshop.sagemaker_jobs import check_internet, plan_job, prepare_launcher
+    from workshop.jobs import check_internet, plan_job, prepare_launcher
+    from workshop.launchers import horovod
 
     plan = plan_job(PT, hyperparameters={}, region="us-east-1")
     uri = horovod.wheel_channel_uri(BUCKET, plan.image_uri)
@@ -441,7 +441,7 @@ def test_the_first_job_plans_a_build_and_the_next_finds_the_wheel(moto_s3, tmp_p
 
 
 def test_a_build_without_a_route_to_pypi_is_refused_with_the_fix(moto_s3):
-    from workshop.sagemaker_jobs import check_internet, plan_job, prepare_launcher
+    from workshop.jobs import check_internet, plan_job, prepare_launcher
 
     plan, _ = prepare_launcher(plan_job(PT, hyperparameters={}, region="us-east-1"), BUCKET, moto_s3)
     with pytest.raises(WorkshopError, match="no route") as err:
@@ -478,8 +478,8 @@ def test_the_cli_refuses_a_horovod_build_in_the_endpoints_network_before_creatin
 
 def test_requirements_txt_needs_pypi_too(no_aws, monkeypatch, tmp_path):
     """sm_train.sh pip-installs a code folder's requirements.txt: refused where there is no route."""
+    from workshop.jobs import dry_run
     from workshop.labs import Lab
-    from workshop.sagemaker_jobs import dry_run
 
     code = tmp_path / "code"
     shutil.copytree(TF.source_dir, code)
@@ -552,13 +552,13 @@ def test_on_the_fake_sagemaker_the_wheel_is_built_once_then_installed_from_its_c
     sys.path.insert(0, str(Path(__file__).parent))
     import fake_sagemaker
 
-    from workshop import horovod
-    from workshop.sagemaker_jobs import run_lab_on_sagemaker
+    from workshop.launchers import horovod
+    from workshop.runner import run_on_sagemaker
 
     _cached_wheel()
     args = dict(hosts=2, procs_per_host=1, hyperparameters=QUICK, data_dir=channels["train"].parent)
     with fake_sagemaker.FakeSageMaker(workdir=tmp_path / "fake") as fake:
-        first = run_lab_on_sagemaker(PT, **args)
+        first = run_on_sagemaker(PT, **args)
         out = capsys.readouterr().out
         assert first.ok, first.failure_reason
         assert [job.hosts for job in fake.jobs] == [1, 2], fake.summary()  # the build job, then training
@@ -577,7 +577,7 @@ def test_on_the_fake_sagemaker_the_wheel_is_built_once_then_installed_from_its_c
         assert "every host is ready" in out
 
         # The next job of this image plans no build: it finds what the build job stored.
-        from workshop.sagemaker_jobs import check_internet, plan_job, prepare_launcher
+        from workshop.jobs import check_internet, plan_job, prepare_launcher
 
         plan = plan_job(PT, hyperparameters=QUICK, region=fake.region, instance_count=2)
         assert plan.image_uri == image

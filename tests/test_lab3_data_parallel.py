@@ -121,7 +121,7 @@ def test_bad_input_fails_before_any_process_starts(tmp_path, channels, hps, host
 def test_missing_channel_in_the_script_names_the_fix(tmp_path, channels):
     proc = run_script([sys.executable], tmp_path, {"train": tmp_path / "nothing", "test": channels["test"]}, QUICK)
     assert proc.returncode != 0
-    assert "The 'train' channel has no mnist.npz" in proc.stderr and "python -m workshop.data mnist" in proc.stderr
+    assert "The 'train' channel has no mnist.npz" in proc.stderr and "python -m workshop.datasets mnist" in proc.stderr
 
 
 def test_backend_choice(monkeypatch):

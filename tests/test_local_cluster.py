@@ -270,7 +270,7 @@ def test_bad_cluster_shapes_fail_before_anything_starts(tmp_path, kwargs, messag
 
 def test_missing_channel_fails_before_anything_starts(tmp_path, channels):
     c = cluster(tmp_path)
-    with pytest.raises(WorkshopError, match="(?s)'train' data channel points to .*python -m workshop.data"):
+    with pytest.raises(WorkshopError, match="(?s)'train' data channel points to .*python -m workshop.datasets"):
         c.run({}, {"train": tmp_path / "nowhere", "test": channels["test"]})
     with pytest.raises(WorkshopError, match="reserved"):
         c.run({}, {"code": channels["train"]})

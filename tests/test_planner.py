@@ -7,8 +7,8 @@ import math
 import pytest
 
 from workshop import planner
+from workshop.cloud.prices import INSTANCE_PRICES
 from workshop.errors import WorkshopError
-from workshop.infra import INSTANCE_PRICES
 from workshop.planner import DDP, FULL, MIXED_ADAM, PS, ZERO1, ZERO2, Model
 
 GB = 1e9

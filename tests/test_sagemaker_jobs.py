@@ -1,4 +1,4 @@
-"""workshop.sagemaker_jobs and workshop.aws: the SageMaker job, checked against a fake AWS.
+"""workshop.jobs and workshop.cloud.aws: the SageMaker job, checked against a fake AWS.
 
 No test touches the network or a real account: AWS is moto, in-process; every test starts
 with no AWS credentials, empty AWS config files, instance metadata disabled and its own SDK
@@ -28,10 +28,15 @@ import pytest
 from conftest import isolate_aws, quota_client, service_quota
 from moto import mock_aws
 
-from workshop import aws, metrics
-from workshop import sagemaker_jobs as sj
+from workshop import jobs as sj
+from workshop import metrics, runner
+from workshop.cloud import aws
+from workshop.datasets import mnist
 from workshop.errors import WorkshopError
+from workshop.datasets.mnist import MNIST
 from workshop.labs import Lab, SageMakerDefaults, get_lab
+from workshop.launchers.base import LauncherBase
+from workshop.launchers.torchrun import TorchrunLauncher
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's account
@@ -70,7 +75,14 @@ def no_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _isolate(monkeypatch, tmp_path)
 
 
-def make_lab(root: Path, launcher: str = "torchrun", key: str = "tiny_ddp") -> Lab:
+class LocalOnly(LauncherBase):
+    """A launcher that runs on the local cluster only."""
+
+    name = "local_only"
+    on_sagemaker = False
+
+
+def make_lab(root: Path, launcher: LauncherBase | None = None, key: str = "tiny_ddp") -> Lab:
     """A lab whose script only parses its flags: the job builder under test, not a model."""
     code = root / key / "code"
     code.mkdir(parents=True)
@@ -82,14 +94,14 @@ def make_lab(root: Path, launcher: str = "torchrun", key: str = "tiny_ddp") -> L
         folder=str(root / key),  # absolute: REPO_ROOT / folder is then this folder
         title="Tiny DDP",
         strategy="test",
-        launcher="torchrun",
+        launcher=launcher or TorchrunLauncher(),
+        data=MNIST,
         sagemaker=SageMakerDefaults(
             framework="pytorch-amzn2023",
             framework_version="2.13",
             py_version="py312",
             instance_type="ml.g5.xlarge",
             instance_count=2,
-            launcher=launcher,
             max_run_s=1800,
         ),
     )
@@ -347,15 +359,15 @@ def test_run_lab_on_sagemaker_end_to_end(
 ) -> None:
     monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")
     monkeypatch.setenv(aws.ROLE_ENV, fake_aws.role_arn)
-    result = sj.run_lab_on_sagemaker(
+    result = runner.run_on_sagemaker(
         lab, hosts=2, procs_per_host=1, hyperparameters={"epochs": 1}, data_dir=data_dir, region=REGION
     )
     assert isinstance(result, sj.JobResult) and result.status == "Completed"
     described = fake_aws.boto.client("sagemaker").describe_training_job(TrainingJobName=result.job_name)
     uris = channel_uris(described)
     for channel in ("train", "test"):
-        assert uris[channel] == f"s3://{DEFAULT_BUCKET}/{sj.data_prefix()}/{channel}"
-        assert f"{DEFAULT_BUCKET}/{sj.data_prefix()}/{channel}/mnist.npz" in fake_aws.objects()
+        assert uris[channel] == f"s3://{DEFAULT_BUCKET}/{mnist.data_prefix()}/{channel}"
+        assert f"{DEFAULT_BUCKET}/{mnist.data_prefix()}/{channel}/mnist.npz" in fake_aws.objects()
     out = capsys.readouterr().out
     for step in range(1, 6):
         assert f"step {step}/5" in out
@@ -363,7 +375,7 @@ def test_run_lab_on_sagemaker_end_to_end(
 
 
 def test_run_lab_dry_run_mode_needs_no_credentials(lab: Lab, data_dir: Path) -> None:
-    request = sj.run_lab_on_sagemaker(
+    request = runner.run_on_sagemaker(
         lab, hosts=3, procs_per_host=None, hyperparameters={"lr": 0.1}, data_dir=data_dir, dry_run=True
     )
     assert isinstance(request, sj.DryRunRequest)
@@ -438,7 +450,7 @@ def test_no_credentials_in_sagemaker_mode(
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
         monkeypatch.delenv(key, raising=False)  # moto set its own; take them away
     with pytest.raises(WorkshopError, match="No AWS credentials") as info:
-        sj.run_lab_on_sagemaker(
+        runner.run_on_sagemaker(
             lab, hosts=2, procs_per_host=1, hyperparameters={}, data_dir=data_dir, role=fake_aws.role_arn
         )
     assert "aws configure" in info.value.fix and "AWS_PROFILE" in info.value.fix
@@ -448,7 +460,7 @@ def test_no_credentials_in_sagemaker_mode(
 
 def test_no_role(lab: Lab, fake_aws: FakeAws, data_dir: Path) -> None:
     with pytest.raises(WorkshopError, match="No IAM role") as info:
-        sj.run_lab_on_sagemaker(lab, hosts=2, procs_per_host=1, hyperparameters={}, data_dir=data_dir)
+        runner.run_on_sagemaker(lab, hosts=2, procs_per_host=1, hyperparameters={}, data_dir=data_dir)
     assert "role=" in info.value.fix and aws.ROLE_ENV in info.value.fix and "notebook instance" in info.value.fix
     assert fake_aws.training_jobs() == [] and fake_aws.objects() == []
 
@@ -474,7 +486,7 @@ def test_invalid_jobs_create_nothing(
     message: str,
 ) -> None:
     with pytest.raises(WorkshopError, match=re.escape(message)):
-        sj.run_lab_on_sagemaker(
+        runner.run_on_sagemaker(
             lab,
             hosts=2,
             procs_per_host=1,
@@ -514,10 +526,10 @@ def test_plan_picks_cpu_or_gpu_image_and_world_size(lab: Lab) -> None:
     assert sj.plan_job(lab, hyperparameters={}, region=REGION, instance_type="ml.g5.12xlarge", procs_per_host=4).world_size == 8
 
 
-def test_other_launchers_are_not_built_yet(tmp_path: Path) -> None:
-    mpi_lab = make_lab(tmp_path, launcher="mpi", key="tiny_mpi")
-    with pytest.raises(sj.LauncherNotSupported, match="'mpi'") as info:
-        sj.dry_run(mpi_lab, hyperparameters={})
+def test_local_only_launchers_are_refused_on_sagemaker(tmp_path: Path) -> None:
+    local_lab = make_lab(tmp_path, launcher=LocalOnly(), key="tiny_local")
+    with pytest.raises(sj.LauncherNotSupported, match="'local_only'.*local cluster only") as info:
+        sj.dry_run(local_lab, hyperparameters={})
     assert isinstance(info.value, WorkshopError) and isinstance(info.value, NotImplementedError)
 
 
@@ -529,7 +541,7 @@ def test_reserved_channel_names(lab: Lab, fake_aws: FakeAws, monkeypatch: pytest
     assert fake_aws.training_jobs() == []
 
 
-# --------------------------------------------------------------------------- workshop.aws
+# --------------------------------------------------------------------------- workshop.cloud.aws
 
 
 def test_user_prefix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -601,7 +613,7 @@ def test_pytorch_labs_use_a_supported_image_with_the_pinned_torch() -> None:
 def _old_image_lab(root: Path) -> Lab:
     lab = make_lab(root, key="tiny_old")
     old = SageMakerDefaults(framework="pytorch", framework_version="2.9", py_version="py312",
-                            instance_type="ml.g5.xlarge", instance_count=2, launcher="torchrun")
+                            instance_type="ml.g5.xlarge", instance_count=2)
     return dataclasses.replace(lab, sagemaker=old)
 
 
@@ -740,7 +752,7 @@ def test_cli_dry_run_refuses_bad_input_with_the_fix(
 def test_real_path_refuses_a_malformed_role_before_asking_for_credentials(lab: Lab, data_dir: Path) -> None:
     # No credentials at all (the autouse fixture): the role's form is checked first.
     with pytest.raises(WorkshopError, match="not an IAM role ARN or role name"):
-        sj.run_lab_on_sagemaker(lab, hosts=2, procs_per_host=1, hyperparameters={}, data_dir=data_dir,
+        runner.run_on_sagemaker(lab, hosts=2, procs_per_host=1, hyperparameters={}, data_dir=data_dir,
                                 role="not a role!", region=REGION)
 
 
@@ -776,14 +788,16 @@ QUOTAS = [
 def test_preflight_suggests_only_instance_types_the_route_can_use(
     fake_aws: FakeAws, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from workshop import infra
-    from workshop.model_parallel import SMP_INSTANCE_TYPES, lab_for_route
+    from workshop import cloud
 
-    smp = sj.plan_job(lab_for_route("smp"), hyperparameters={}, region=REGION, allow_unsupported_image=True)
-    assert smp.instance_type == "ml.p4d.24xlarge" and set(smp.allowed_instance_types) == set(SMP_INSTANCE_TYPES)
+    mp = get_lab("model_parallel")
+    smp = sj.plan_job(mp, route="smp", hyperparameters={}, region=REGION, allow_unsupported_image=True)
+    smp_types = mp.sagemaker_route("smp").instance_types
+    assert smp.instance_type == "ml.p4d.24xlarge" and set(smp.allowed_instance_types) == set(smp_types)
+    assert set(smp_types) == {"ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge"}
     _stub_quotas(fake_aws.boto, QUOTAS, monkeypatch)
     with pytest.raises(WorkshopError, match="quota for ml.p4d.24xlarge") as info:
-        infra.preflight(smp, fake_aws.role_arn, fake_aws.boto, identity=ROOT)
+        cloud.preflight(smp, fake_aws.role_arn, fake_aws.boto, identity=ROOT)
     assert "ml.p5.48xlarge, whose quota allows 2" in info.value.fix
     assert "ml.g5" not in info.value.fix and "ml.p3" not in info.value.fix  # SMP cannot run there
 
@@ -791,12 +805,12 @@ def test_preflight_suggests_only_instance_types_the_route_can_use(
     ddp = sj.plan_job(get_lab("data_parallel"), hyperparameters={}, region=REGION)
     _stub_quotas(fake_aws.boto, QUOTAS, monkeypatch)
     with pytest.raises(WorkshopError, match="quota for ml.g5.xlarge") as info:
-        infra.preflight(ddp, fake_aws.role_arn, fake_aws.boto, identity=ROOT)
+        cloud.preflight(ddp, fake_aws.role_arn, fake_aws.boto, identity=ROOT)
     assert "ml.g4dn.xlarge" in info.value.fix and "ml.p3" not in info.value.fix and "ml.c5" not in info.value.fix
 
     # On CPU (gloo): CPU types only; Trainium is not a CPU instance for a PyTorch CPU image.
     cpu = sj.plan_job(get_lab("data_parallel"), hyperparameters={}, region=REGION, instance_type="ml.c5.xlarge")
     _stub_quotas(fake_aws.boto, QUOTAS, monkeypatch)
     with pytest.raises(WorkshopError, match="quota for ml.c5.xlarge") as info:
-        infra.preflight(cpu, fake_aws.role_arn, fake_aws.boto, identity=ROOT)
+        cloud.preflight(cpu, fake_aws.role_arn, fake_aws.boto, identity=ROOT)
     assert "ml.c5.2xlarge, whose quota allows 2" in info.value.fix and "trn1" not in info.value.fix

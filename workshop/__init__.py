@@ -1,12 +1,15 @@
-"""Shared helpers of the distributed-training workshop.
+"""Shared helpers of the distributed-training workshop, in layers that import one way.
 
-- `workshop.runtime.local_cluster`: simulates N SageMaker hosts on this machine (the local runtime).
-- `workshop.sagemaker_jobs`: builds, dry-runs and submits SDK v3 `ModelTrainer` jobs.
-- `workshop.data`: writes the MNIST `train`/`test` channels and uploads them to S3.
-- `workshop.metrics`: the one metric-line format, its regexes, log parsing and plots.
-- `workshop.labs`: what each lab is (folder, launcher, defaults), used by the CLI and notebooks.
+- `workshop.errors`, `workshop.metrics`: the error type and the one metric-line format.
+- `workshop.spec`: what a lab is (`Lab`); each lab folder's `lab.py` defines one.
+- `workshop.runtime`: the local runtime, N simulated SageMaker hosts on this machine.
+- `workshop.cloud`: AWS plumbing (sessions, network, role, preflight, cleanup, prices).
+- `workshop.jobs`: the SageMaker job path (request, plan, trainer, dry run, submit, logs).
+- `workshop.launchers`, `workshop.datasets`: how labs start, and their data.
+- `workshop.labs`: the registry of labs; `workshop.runner`: a lab end to end, in either runtime.
 
-Run a lab headless with `python -m workshop run LAB`; see `python -m workshop --help`.
+CONTRIBUTING.md has the layer table and walks through adding a lab. Run a lab headless with
+`python -m workshop run LAB`; see `python -m workshop --help`.
 """
 
 from pathlib import Path

@@ -2,7 +2,7 @@
 
     python -m workshop labs
     python -m workshop run LAB [--hosts N] [--procs-per-host P] [--mode local|sagemaker]
-                               [--dry-run] [--hp KEY=VALUE ...] [--route fsdp|smp]
+                               [--dry-run] [--hp KEY=VALUE ...] [--route ROUTE]
                                [--allow-unsupported-image]
     python -m workshop run all            # every lab, locally, then a summary table
     python -m workshop network [--nat] [--show] [--cidr CIDR]   # the workshop VPC (create/reuse)
@@ -49,15 +49,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", choices=("local", "sagemaker"), default="local", help="where to run")
     run.add_argument("--dry-run", action="store_true", help="sagemaker mode: print the CreateTrainingJob request, start nothing")
     run.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE", help="a hyperparameter (repeatable)")
-    run.add_argument("--data-dir", default=None, help="MNIST channel folder (default: data/mnist)")
+    run.add_argument("--data-dir", default=None, help="the lab's data channels folder (default: data/mnist, lab 4: data/corpus)")
     run.add_argument("--instance-type", default=None, help="sagemaker mode: instance type; default: the lab's")
     run.add_argument("--role", default=None, help="sagemaker mode: execution role ARN (or set WORKSHOP_ROLE_ARN)")
     run.add_argument("--region", default=None, help="sagemaker mode: AWS region (default: your AWS config's)")
     run.add_argument("--network", choices=("none", "endpoints", "nat"), default="none",
                      help="sagemaker mode: run in the workshop VPC, reaching AWS through interface endpoints or a NAT gateway")
     run.add_argument("--create-role", action="store_true", help="sagemaker mode: create/reuse the workshop's execution role")
-    run.add_argument("--route", choices=("fsdp", "smp"), default="fsdp",
-                     help="sagemaker mode, lab 4: plain FSDP on the PyTorch image, or the SMP v2 image (opt-in)")
+    run.add_argument("--route", default=None,
+                     help="sagemaker mode: the lab's SageMaker route (lab 4: fsdp, or smp for the SMP v2 image, opt-in); "
+                     "default: the lab's first")
     run.add_argument("--allow-unsupported-image", action="store_true",
                      help="sagemaker mode: run a framework image past its end of patch anyway (smddp, lab 4's SMP route)")
     net = sub.add_parser("network", help="create or reuse (or --show) your workshop VPC")
@@ -74,56 +75,46 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_infra(args: argparse.Namespace) -> int:
-    from workshop import aws, infra
+    from workshop import account
+    from workshop.cloud import aws, network
 
     boto = aws.boto_session(args.region)
     if args.command == "cleanup":
-        infra.cleanup(boto, delete_s3=args.delete_s3)
+        account.cleanup(boto, delete_s3=args.delete_s3)
         return 0
     aws.require_credentials(boto)
     if args.command == "role":
-        info = infra.ensure_role(boto)
+        info = account.ensure_role(boto)
         print(f"{info.arn} ({'created' if info.created else 'reused'}); use it with --role {info.arn}")
         return 0
     if args.show:
-        vpc = infra.find_network(boto)
+        vpc = network.find_network(boto)
         print(f"workshop network: {vpc or 'none'}")
         return 0
-    network = infra.ensure_network(boto, egress="nat" if args.nat else "endpoints", cidr=args.cidr)
-    print("\n".join(network.lines()))
+    net = network.ensure_network(boto, egress="nat" if args.nat else "endpoints", cidr=args.cidr)
+    print("\n".join(net.lines()))
     return 0
 
 
 def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
+    from workshop.runner import run_local, run_on_sagemaker
+
     if args.mode == "local":
         if args.dry_run:
             raise WorkshopError("--dry-run applies to --mode sagemaker.", "drop --dry-run, or add --mode sagemaker.")
-        from workshop.runner import run_local
-
+        if args.route is not None:
+            raise WorkshopError("--route applies to --mode sagemaker.", "drop --route, or add --mode sagemaker.")
         return run_local(
             lab, hosts=args.hosts, procs_per_host=args.procs_per_host, hyperparameters=hps, data_dir=args.data_dir
         )
-    if args.route != "fsdp" and lab.key != "model_parallel":
-        raise WorkshopError(f"--route {args.route} applies to lab 4 (model_parallel), not {lab.key}.", "drop --route.")
-    if lab.key == "model_parallel":  # its data is a text corpus, and it has two routes (FSDP, SMP)
-        from workshop.model_parallel import run_on_sagemaker
-
-        return run_on_sagemaker(
-            route=args.route, hosts=args.hosts or lab.sagemaker.instance_count, hyperparameters=hps,
-            instance_type=args.instance_type, dry_run=args.dry_run, role=args.role, region=args.region,
-            network=False if args.network == "none" else args.network, data_dir=args.data_dir,
-            allow_unsupported_image=args.allow_unsupported_image,
-        )
-    from workshop.runner import DEFAULT_DATA_DIR
-    from workshop.sagemaker_jobs import run_lab_on_sagemaker
-
-    defaults = lab.sagemaker
-    return run_lab_on_sagemaker(
+    defaults = lab.sagemaker_route(args.route)  # an unknown route is refused here, with the lab's routes
+    return run_on_sagemaker(
         lab,
+        route=args.route,
         hosts=args.hosts or defaults.instance_count,
         procs_per_host=args.procs_per_host or defaults.procs_per_host,
         hyperparameters=hps,
-        data_dir=args.data_dir or DEFAULT_DATA_DIR,
+        data_dir=args.data_dir,
         instance_type=args.instance_type,
         dry_run=args.dry_run,
         role=args.role,

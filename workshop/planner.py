@@ -78,7 +78,6 @@ from dataclasses import dataclass, field, replace
 from workshop.errors import WorkshopError
 
 GB = 1e9
-GIB = 1024**3
 CATALOGUE_DATE = "2026-11-22"
 
 # --------------------------------------------------------------------------- catalogue
@@ -113,13 +112,13 @@ class InstanceType:
 
 
 def _price(name: str) -> tuple[float | None, str]:
-    """The price from workshop.infra's table (one place for prices), else None."""
-    from workshop.infra import INSTANCE_PRICES, PRICE_REGION, PRICES_DATE
+    """The price from workshop.cloud's table (one place for prices), else None."""
+    from workshop.cloud.prices import INSTANCE_PRICES, PRICE_REGION, PRICES_DATE
 
     price = INSTANCE_PRICES.get(name)
     if price is None:
-        return None, "no price on record in workshop.infra.INSTANCE_PRICES"
-    return price.usd_per_hour, f"workshop.infra ({PRICE_REGION}, {PRICES_DATE}): {price.source}"
+        return None, "no price on record in workshop.cloud.INSTANCE_PRICES"
+    return price.usd_per_hour, f"workshop.cloud ({PRICE_REGION}, {PRICES_DATE}): {price.source}"
 
 
 _UNVERIFIED = (

@@ -1,21 +1,49 @@
-"""Run a lab end to end in one call: validate, prepare data, start the local cluster.
+"""Run a lab end to end in one call, in either runtime: the local cluster or a SageMaker job.
 
-The CLI (`python -m workshop run LAB`) and the notebooks' `local` mode both come here, so
-a notebook cell and the command line do exactly the same thing.
+The CLI (`python -m workshop run LAB`) and the notebooks both come here, so a notebook cell and
+the command line do exactly the same thing. Nothing here names a lab: the lab's spec brings its
+launcher and its data source (`workshop.spec`).
+
+    from workshop.labs import get_lab
+    from workshop.runner import run_local, run_on_sagemaker
+    run_local(get_lab("data_parallel"), hosts=2)                     # simulated hosts, this machine
+    run_on_sagemaker(get_lab("data_parallel"), hosts=2, dry_run=True)  # the request, no account
 """
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
-from workshop import REPO_ROOT
-from workshop.data import prepare_mnist
-from workshop.labs import Lab
+from workshop.account import ensure_role
+from workshop.cloud import aws
+from workshop.cloud.network import ensure_network
+from workshop.cloud.preflight import preflight
+from workshop.cloud.role import resolve_role, role_name
+from workshop.errors import WorkshopError
+from workshop.jobs import (
+    DryRunRequest,
+    JobRequest,
+    JobResult,
+    build_from_plan,
+    check_internet,
+    check_role,
+    describe_plan,
+    network_egress,
+    plan_job,
+    prepare_launcher,
+    submit,
+)
+from workshop.jobs import (
+    dry_run as dry_run_request,
+)
+from workshop.jobs.checks import given_role
+from workshop.jobs.common import say
+from workshop.labs import get_lab
 from workshop.runtime.local_cluster import ClusterResult, LocalCluster
-
-DEFAULT_DATA_DIR = REPO_ROOT / "data" / "mnist"
+from workshop.spec import Lab
 
 
 def run_local(
@@ -33,7 +61,8 @@ def run_local(
 ) -> ClusterResult:
     """Run `lab` on the local cluster; every check happens before any process starts.
 
-    Hyperparameters are the lab's small local defaults updated with `hyperparameters`.
+    Hyperparameters are the lab's small local defaults updated with `hyperparameters`; the data
+    is the lab's data source, prepared in `data_dir` (default: its own folder under `data/`).
     """
     hosts = lab.local_hosts if hosts is None else hosts
     procs_per_host = lab.local_procs_per_host if procs_per_host is None else procs_per_host
@@ -49,12 +78,124 @@ def run_local(
     )
     hps = {**lab.local_hyperparameters, **(hyperparameters or {})}
     lab.validate_hyperparameters(hps, world_size=cluster.world_size)  # types first: no data needed
-    if lab.data_preparer:  # the lab's own data (lab 4: a text corpus)
-        module, _, function = lab.data_preparer.partition(":")
-        channels = getattr(importlib.import_module(module), function)(data_dir)
-    else:
-        channels = prepare_mnist(data_dir or DEFAULT_DATA_DIR)
+    channels = lab.data.prepare(data_dir)
     lab.validate_hyperparameters(hps, world_size=cluster.world_size, train_samples=channels.n_train)
     return cluster.run(
         hps, channels.dirs, checkpoint_dir=checkpoint_dir, timeout_s=timeout_s, check=check
     )
+
+
+def run_on_sagemaker(
+    lab: Lab | str | JobRequest,
+    *,
+    hosts: int | None = None,
+    data_dir: str | os.PathLike[str] | Any = None,
+    dry_run: bool = False,
+    wait: bool = True,
+    create_role: bool = False,
+    **fields: Any,
+) -> JobResult | DryRunRequest:
+    """Run a lab as a SageMaker training job (or, with `dry_run`, show the request only).
+
+    `lab` is a lab (or its name) or a `workshop.jobs.JobRequest`; `hosts` is the instance count
+    and `fields` any other `JobRequest` field (hyperparameters, route, instance_type,
+    procs_per_host, max_run_s, region, role, network, subnets, security_group_ids, image_uri,
+    allow_unsupported_image, ...). Five steps, each printed:
+
+    1. `plan_job`: every offline check (no AWS);
+    2. credentials, the execution role, the launcher's look-ups, and the preflight
+       (`workshop.cloud.preflight`: permission simulation, the Service Quotas value for the
+       instance type, the cost bound), before anything is created or uploaded;
+    3. the workshop role and network if asked for, the launcher's set-up steps, the `ModelTrainer`;
+    4. the lab's data channels go to S3 once (its data source, from `data_dir`);
+    5. `submit` starts the job and follows its logs; returns a `JobResult`.
+
+    Every user error is a `WorkshopError` raised in steps 1-3, before any data is uploaded or any
+    job created. A dry run needs no credentials and no role (`workshop.jobs.dry_run`).
+
+    `network` (True/"endpoints" or "nat") runs the job in the workshop's own VPC (created or
+    reused; it costs per hour while it exists, so run `workshop.account.cleanup()` when done);
+    `create_role` creates or reuses the workshop's least-privilege execution role when no role is
+    given. `image_uri`: your own training image instead of the lab's framework image.
+    `allow_unsupported_image`: run a framework image past its end of patch anyway.
+    """
+    if isinstance(lab, str):
+        lab = get_lab(lab)
+    if hosts is not None:
+        fields["instance_count"] = hosts
+    request = JobRequest.of(lab, **fields)
+    data = request.lab.data
+    egress = network_egress(request.network, request.subnets)
+    if dry_run:
+        say("dry run: checking the job (no AWS account is used)")
+        channels = data.prepared(data_dir)
+        if channels is None:
+            say(f"(the {data.name} channels in {data_dir or data.default_dir} are not prepared yet; "
+                "a real run prepares them)")
+        return dry_run_request(request, train_samples=channels.n_train if channels else None)
+
+    say("step 1/5: checking the job")
+    boto = aws.boto_session(request.region)
+    if not boto.region_name:
+        raise WorkshopError(
+            "No AWS region configured.",
+            "pass region='us-east-1' (CLI: --region), or `export AWS_DEFAULT_REGION=us-east-1`.",
+        )
+    plan = plan_job(request, region=boto.region_name)
+    plan = check_internet(plan, egress)
+    role, role_source = given_role(request.role)
+    if role:
+        check_role(role, role_source)  # its form, before credentials are looked for
+    describe_plan(plan)
+
+    say("step 2/5: AWS credentials, the execution role, and the preflight checks")
+    identity = aws.require_credentials(boto)
+    say(f"calling AWS as {identity} in {boto.region_name}")
+    creating_role = create_role and not role
+    if creating_role:  # created in step 3, after the preflight; its ARN is known already
+        partition, account = identity.split(":")[1], identity.split(":")[4]
+        role_arn = f"arn:{partition}:iam::{account}:role/{role_name()}"
+    else:
+        role_arn = resolve_role(request.role, boto)
+    say(f"the job runs as {role_arn}")
+    # The launcher's own look-ups (read-only, e.g. lab 2's Horovod wheel in S3), then the
+    # internet check again with what they found; the bucket is named, not created, here.
+    session = aws.sagemaker_session(boto)
+    known = len(plan.notes)
+    plan, prep_steps = prepare_launcher(plan, aws.sdk_bucket(session), boto)
+    plan = check_internet(plan, egress)
+    for note in plan.notes[known:]:
+        say(note)
+    preflight(plan, role_arn, boto, identity=identity, network_egress=egress, creating_role=creating_role)
+    channels = data.prepared(data_dir)
+    if channels is None:
+        say(f"preparing the {data.name} channels in {data_dir or data.default_dir}")
+        channels = data.prepare(data_dir)
+    # Now that the data is known, the script checks each rank's share of it.
+    request.lab.validate_hyperparameters(plan.hyperparameters, world_size=plan.world_size,
+                                         train_samples=channels.n_train)
+
+    say("step 3/5: " + ("the workshop role, " if creating_role else "") + ("the workshop network, " if egress else "")
+        + "building the ModelTrainer")
+    if creating_role:
+        created = ensure_role(boto)
+        say(f"role {created.arn} " + ("created" if created.created else "reused"))
+    if egress:
+        net = ensure_network(boto, egress=egress)
+        for line in net.lines():
+            say(line)
+        plan = dataclasses.replace(plan, **net.job_args())
+    for step in prep_steps:  # e.g. lab 2's one-time Horovod build job
+        say(step.what)
+        step.run(plan, role_arn, session)
+    trainer = build_from_plan(plan, role_arn, session, validate_role=None)
+    say(f"distributed: {type(trainer.distributed).__name__}({trainer.distributed.model_dump()})")
+
+    say(f"step 4/5: uploading the {data.name} channels (unchanged files are skipped)")
+    bucket = aws.default_bucket(session)
+    inputs = dict(data.upload(channels, bucket, boto, key_prefix=aws.sdk_key_prefix(session)))
+    inputs.update(plan.extra_inputs)  # the launcher's channels (lab 2: `horovod`, its wheels)
+
+    say("step 5/5: submitting")
+    return submit(trainer, inputs, wait=wait, logs=wait)
+

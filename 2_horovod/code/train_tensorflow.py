@@ -41,7 +41,7 @@ MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 REBUILD_FIX = (
     "Fix: build Horovod with TensorFlow support: `make horovod` in the workshop (or "
     "HOROVOD_WITH_TENSORFLOW=1 when building it yourself); on SageMaker run the job with "
-    "workshop.sagemaker_jobs.run_lab_on_sagemaker (it installs the wheel built once for the image) "
+    "workshop.runner.run_on_sagemaker (it installs the wheel built once for the image) "
     "or the image from 2_horovod/docker/Dockerfile."
 )
 
@@ -129,7 +129,7 @@ def load_channel(channel_dir: str, name: str) -> tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
         raise FileNotFoundError(
             f"The {name!r} channel has no {path.name} at {path}. Fix: prepare the data with "
-            f"`python -m workshop.data mnist DIR` and pass --{name} DIR/{name} (locally), or give the "
+            f"`python -m workshop.datasets mnist DIR` and pass --{name} DIR/{name} (locally), or give the "
             f"job a {name!r} input channel (SageMaker)."
         )
     with np.load(path) as data:

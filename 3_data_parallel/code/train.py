@@ -160,7 +160,7 @@ def load_channel(channel_dir: str, name: str) -> TensorDataset:
     if not path.is_file():
         raise FileNotFoundError(
             f"The {name!r} channel has no {path.name} at {path}. Fix: prepare the data with "
-            f"`python -m workshop.data mnist DIR` and pass --{name} DIR/{name} (locally), or give the "
+            f"`python -m workshop.datasets mnist DIR` and pass --{name} DIR/{name} (locally), or give the "
             f"job a {name!r} input channel (SageMaker)."
         )
     with np.load(path) as data:

@@ -3,7 +3,7 @@
 A byte-level GPT (its size set by --layers, --d-model, --heads, --seq-len) learns to predict the
 next character of real English text: the reference topics of CPython's own documentation, which
 ship inside the standard library as `pydoc_data.topics` (what `help("with")` prints). The host
-side writes them as the `train` and `test` channels (`corpus.txt`; see workshop/model_parallel.py);
+side writes them as the `train` and `test` channels (`corpus.txt`; see workshop/datasets/corpus.py);
 this script reads them from SM_CHANNEL_TRAIN / SM_CHANNEL_TEST like every lab.
 
 One flag per technique (see `--help`):
@@ -24,7 +24,7 @@ local shards of FSDP2's DTensors), bytes of activations saved for backward (coun
 `torch.autograd.graph.saved_tensors_hooks` pair, one count per storage), time per step, and on a
 GPU `torch.cuda.max_memory_allocated`. It prints them as `METRICS` lines.
 
-Run it (from the lab folder; prepare the channels once with `python -m workshop.model_parallel prepare data/corpus`):
+Run it (from the lab folder; prepare the channels once with `python -m workshop.datasets.corpus data/corpus`):
 
     python code/train.py --train data/corpus/train --test data/corpus/test
     torchrun --nproc-per-node 2 code/train.py --sharding full_shard ...
@@ -290,7 +290,7 @@ def load_corpus(channel_dir: str, name: str) -> torch.Tensor:
     if not path.is_file():
         raise FileNotFoundError(
             f"The {name!r} channel has no {CORPUS_FILE} at {path}. Fix: prepare the text with "
-            f"`python -m workshop.model_parallel prepare DIR` and pass --{name} DIR/{name} (locally), or "
+            f"`python -m workshop.datasets.corpus DIR` and pass --{name} DIR/{name} (locally), or "
             f"give the job a {name!r} input channel (SageMaker; the notebook uploads it)."
         )
     return torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8).long()

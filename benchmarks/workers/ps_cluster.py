@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from workshop.data import prepare_mnist
+from workshop.datasets.mnist import prepare_mnist
 from workshop.labs import get_lab
 from workshop.runtime.local_cluster import LocalCluster
 

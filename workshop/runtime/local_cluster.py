@@ -359,8 +359,8 @@ class LocalCluster:
             if not p.is_dir():
                 raise WorkshopError(
                     f"The {name!r} data channel points to {p}, which is not a folder.",
-                    "prepare the data first: `python -m workshop.data mnist data/mnist` "
-                    "(or workshop.data.prepare_mnist in Python).",
+                    "prepare the data first: `python -m workshop.datasets mnist data/mnist` "
+                    "(or workshop.datasets.mnist.prepare_mnist in Python).",
                 )
             checked[name] = p.resolve()
         return checked

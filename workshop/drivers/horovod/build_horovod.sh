@@ -6,7 +6,7 @@
 #
 # One script, three users: the workshop's set-up (`make horovod`, through
 # scripts/build_horovod.sh, which adds a wheel cache and checks), lab 2's one-host SageMaker
-# *build job* (hvd_build.py, run once per image and Horovod version by workshop.horovod: no
+# *build job* (hvd_build.py, run once per image and Horovod version by workshop.launchers.horovod: no
 # current SageMaker image ships Horovod), and 2_horovod/docker/Dockerfile (a reusable image).
 # It ships in the driver folder, so a job has it.
 #

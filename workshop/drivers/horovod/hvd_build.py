@@ -2,7 +2,7 @@
 
     python hvd_build.py --frameworks pytorch      # on one instance of the lab's training image
 
-`workshop.horovod` starts this as a SageMaker training job (SDK v3's basic script driver, one
+`workshop.launchers.horovod` starts this as a SageMaker training job (SDK v3's basic script driver, one
 instance, the very image the lab's jobs use) when its S3 store has no wheel for that image and
 Horovod version yet. It leaves in SM_MODEL_DIR (uploaded as `model.tar.gz`):
 
@@ -18,7 +18,7 @@ Before it writes the record it checks what a training host will do: `pip install
 --no-index --find-links wheels horovod==<version>` resolves in this image, and the wheel,
 unpacked alone into a scratch folder, imports the framework's extension here.
 
-`workshop.horovod` then copies the wheels to the user's S3 prefix, keyed by image URI and
+`workshop.launchers.horovod` then copies the wheels to the user's S3 prefix, keyed by image URI and
 Horovod version, where every later job finds them (channel `horovod`). Standard library only.
 """
 

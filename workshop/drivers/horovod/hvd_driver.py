@@ -2,7 +2,7 @@
 
     python hvd_driver.py          # with the SM_* variables of a SageMaker training host
 
-`workshop.horovod.Horovod` is the `DistributedConfig` whose `driver_dir` holds this file.
+`workshop.launchers.horovod.Horovod` is the `DistributedConfig` whose `driver_dir` holds this file.
 `ModelTrainer` copies the folder into the `sm_drivers` channel and `sm_train.sh` runs this
 driver on every host; locally, `workshop.runtime.local_cluster` runs it once per simulated host.
 
@@ -42,7 +42,7 @@ ranks if it disappears (algo-1 ended) while they still run, after `grace_s`.
 
 Horovod itself: no current SageMaker image ships it, and building it takes minutes. With
 `install: "wheel"` the job has an input channel `horovod` (SM_CHANNEL_HOROVOD) holding the
-wheel a one-host build job made once for this image (`hvd_build.py`, `workshop.horovod`) and
+wheel a one-host build job made once for this image (`hvd_build.py`, `workshop.launchers.horovod`) and
 the wheels of its dependencies: the driver installs from it with
 `pip install --no-index --find-links`, no PyPI needed. Where Horovod imports already (an image
 built from 2_horovod/docker/Dockerfile, `install: "none"`, or the local cluster) nothing is
@@ -71,7 +71,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DEFAULT_FAILURE_FILE = "/opt/ml/output/failure"
 EXTENSIONS = {"pytorch": "horovod.torch", "tensorflow": "horovod.tensorflow"}
-HOROVOD_VERSION = "0.28.1"  # workshop.horovod.HOROVOD_VERSION (a test keeps them equal)
+HOROVOD_VERSION = "0.28.1"  # workshop.launchers.horovod.HOROVOD_VERSION (a test keeps them equal)
 WHEEL_CHANNEL_ENV = "SM_CHANNEL_HOROVOD"  # the `horovod` input channel of wheels
 READY_SCOPE = "workshop_ready"  # key-value scope on algo-1's rendezvous server: host -> ready/failed
 GPU_FIX = (
@@ -202,7 +202,7 @@ def install_from_channel(channel: str, python: str, extra_args: list[str] | None
     if not any(name.startswith(f"horovod-{HOROVOD_VERSION}-") for name in wheels):
         raise RuntimeError(
             f"the horovod channel ({channel}) has no horovod-{HOROVOD_VERSION} wheel (it has: "
-            f"{', '.join(wheels) or 'nothing'}). Fix: let workshop.horovod build it again (delete its "
+            f"{', '.join(wheels) or 'nothing'}). Fix: let workshop.launchers.horovod build it again (delete its "
             "S3 prefix), or pass an image with Horovod as image_uri."
         )
     cmd = [python, "-m", "pip", "install", "--no-index", "--find-links", channel, "--no-warn-script-location",
@@ -234,16 +234,16 @@ def ensure_horovod(framework: str, install: str, python: str, channel: str | Non
     elif install == "wheel":
         raise RuntimeError(
             f"Horovod with {framework} support does not import in this image ({problem}), and the job has no "
-            "`horovod` input channel with its wheel. Fix: start the job with workshop.sagemaker_jobs."
-            "run_lab_on_sagemaker (it builds the wheel once and adds the channel), or add the channel "
+            "`horovod` input channel with its wheel. Fix: start the job with workshop.runner."
+            "run_on_sagemaker (it builds the wheel once and adds the channel), or add the channel "
             "yourself (InputData(channel_name='horovod', data_source=<the wheel's S3 prefix>)), or pass an "
             "image with Horovod as image_uri (2_horovod/docker/Dockerfile)."
         )
     else:
         raise RuntimeError(
             f"Horovod with {framework} support does not import in this image ({problem}). No current "
-            "SageMaker image ships Horovod. Fix: run the job through workshop.sagemaker_jobs."
-            "run_lab_on_sagemaker, which installs a wheel built once for the image from the `horovod` "
+            "SageMaker image ships Horovod. Fix: run the job through workshop.runner."
+            "run_on_sagemaker, which installs a wheel built once for the image from the `horovod` "
             "channel, or build a reusable image from 2_horovod/docker/Dockerfile and pass it as image_uri."
         )
     if num_gpus > 0 and not nccl:

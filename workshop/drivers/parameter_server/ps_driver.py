@@ -3,7 +3,7 @@
     python ps_driver.py          # with the SM_* variables of a SageMaker training host
 
 SDK v3 has no parameter-server launcher (its `DistributedConfig`s are `Torchrun` and `MPI`),
-so the workshop ships this one: `workshop.parameter_server.ParameterServer` is the
+so the workshop ships this one: `workshop.launchers.parameter_server.ParameterServer` is the
 `DistributedConfig` whose `driver_dir` holds this file. `ModelTrainer` copies the folder into
 the `sm_drivers` channel (`/opt/ml/input/data/sm_drivers/distributed_drivers/`) and
 `sm_train.sh` runs `python .../ps_driver.py` on every host, in the code folder, after

@@ -1,6 +1,6 @@
-"""Lab 2's launcher: a `DistributedConfig` for Horovod jobs, its wheel store, and its registration.
+"""The Horovod launcher (lab 2): a `DistributedConfig` for Horovod jobs, the launcher, and its wheel store.
 
-    from workshop.horovod import Horovod
+    from workshop.launchers.horovod import Horovod
     ModelTrainer(..., distributed=Horovod(framework="pytorch", install="wheel"))   # + channel `horovod`
     LocalCluster(..., distributed=Horovod(framework="pytorch"))                    # same driver
 
@@ -11,7 +11,7 @@ ranks with Horovod's own rendezvous and rank plan (what `horovodrun --gloo` does
 ssh), once every host has reported ready.
 
 Horovod is built once per training image and Horovod version, not on every host of every
-job: `run_lab_on_sagemaker` looks for the wheel in the user's S3 prefix
+job: `run_on_sagemaker` looks for the wheel in the user's S3 prefix
 (`<workshop>/<user>/horovod/<version>-r<patch revision>/<image repository>/<image tag>/`, see
 `wheel_prefix`); when it is missing, a one-host *build job* on the same image
 (`hvd_build.py`, the set-up's patched `build_horovod.sh`) builds it with the wheels of the
@@ -33,18 +33,19 @@ import re
 import tempfile
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import field_validator
 from sagemaker.train.distributed import DistributedConfig
 
-from workshop import aws
+from workshop.cloud import aws
+from workshop.cloud.prices import INSTANCE_PRICES
 from workshop.errors import WorkshopError
+from workshop.jobs import SOURCE_IGNORE_PATTERNS, JobPlan, PrepStep, is_gpu_instance, submit
+from workshop.launchers.base import LauncherBase
+from workshop.spec import Lab
 
-if TYPE_CHECKING:
-    from workshop.sagemaker_jobs import JobPlan, PrepStep
-
-DRIVER_DIR = Path(__file__).resolve().parent / "drivers" / "horovod"
+DRIVER_DIR = Path(__file__).resolve().parent.parent / "drivers" / "horovod"
 DRIVER_SCRIPT = "hvd_driver.py"
 HOROVOD_VERSION = "0.28.1"
 REBUILD = "`make horovod` (builds Horovod 0.28.1 with the workshop's patches; ~5 min the first time, ~1 min from the cached wheel)"
@@ -94,7 +95,7 @@ class Horovod(DistributedConfig):
             raise ValueError(
                 "install='build' is gone: it built Horovod on every host of every job (minutes each, "
                 "hosts finishing apart, PyPI needed). Use install='wheel' with the `horovod` channel "
-                "(run_lab_on_sagemaker builds the wheel once per image and adds it), or an image with "
+                "(run_on_sagemaker builds the wheel once per image and adds it), or an image with "
                 "Horovod and install='none'"
             )
         return value
@@ -245,8 +246,6 @@ def publish_wheels(boto: Any, bucket: str, image_uri: str, build_dir: Path, job_
 
 def build_cost_lines(instance_type: str) -> list[str]:
     """What the one-time build job costs: an estimate, and its bound (max_run)."""
-    from workshop.infra import INSTANCE_PRICES
-
     price = INSTANCE_PRICES.get(instance_type)
     low, high = BUILD_MINUTES_ESTIMATE
     if price is None:
@@ -277,12 +276,10 @@ def build_wheel(plan: JobPlan, role_arn: str, session: Any, *, logs: bool = True
     )
     from sagemaker.train.model_trainer import ModelTrainer
 
-    from workshop import sagemaker_jobs
-
     staging = aws.default_bucket(session)  # the SDK stages the build job's code there: created if missing
     uri = dict(plan.extra_inputs).get(WHEEL_CHANNEL) or wheel_channel_uri(staging, plan.image_uri)
     bucket = uri[len("s3://"):].split("/", 1)[0]
-    framework = "tensorflow" if plan.lab.sagemaker.framework == "tensorflow" else "pytorch"
+    framework = plan.lab.launcher.framework
     tags = [*plan.tags, {"Key": PURPOSE_TAG, "Value": "horovod-build"}]
     try:
         trainer = ModelTrainer(
@@ -291,9 +288,9 @@ def build_wheel(plan: JobPlan, role_arn: str, session: Any, *, logs: bool = True
             base_job_name=plan.base_job_name,  # the lab's: the workshop role may use its S3 prefix
             training_image=plan.image_uri,
             source_code=SourceCode(source_dir=str(DRIVER_DIR), entry_script=BUILD_SCRIPT,
-                                   ignore_patterns=sagemaker_jobs.SOURCE_IGNORE_PATTERNS),
+                                   ignore_patterns=SOURCE_IGNORE_PATTERNS),
             compute=Compute(instance_type=plan.instance_type, instance_count=1,
-                            volume_size_in_gb=plan.lab.sagemaker.volume_size_gb),
+                            volume_size_in_gb=plan.sagemaker.volume_size_gb),
             networking=(Networking(subnets=plan.subnets, security_group_ids=plan.security_group_ids)
                         if plan.subnets else None),
             stopping_condition=StoppingCondition(max_runtime_in_seconds=BUILD_MAX_RUN_S),
@@ -302,8 +299,8 @@ def build_wheel(plan: JobPlan, role_arn: str, session: Any, *, logs: bool = True
         )
     except Exception as exc:  # noqa: BLE001 - the SDK's own checks, said as the workshop says them
         raise WorkshopError(f"Could not set up the Horovod build job: {exc}",
-                            "check the role and region; see workshop.sagemaker_jobs.build_trainer.") from None
-    result = sagemaker_jobs.submit(trainer, {}, wait=True, logs=logs)
+                            "check the role and region; see workshop.jobs.build_trainer.") from None
+    result = submit(trainer, {}, wait=True, logs=logs)
     if not result.ok:
         raise WorkshopError(
             f"The Horovod build job {result.job_name} ended {result.status}: {result.failure_reason}",
@@ -322,10 +319,8 @@ def build_wheel(plan: JobPlan, role_arn: str, session: Any, *, logs: bool = True
 # --------------------------------------------------------------------------- the launcher's hooks
 
 
-def _check(plan: JobPlan) -> JobPlan:
+def check_plan(plan: JobPlan) -> JobPlan:
     """Offline: the workshop's wheel is CPU-only, so GPU instance types need an image of yours."""
-    from workshop.sagemaker_jobs import is_gpu_instance
-
     if not is_gpu_instance(plan.instance_type):
         return plan
     if not plan.custom_image:
@@ -339,10 +334,8 @@ def _check(plan: JobPlan) -> JobPlan:
     return dataclasses.replace(plan, notes=(*plan.notes, note))
 
 
-def _prepare(plan: JobPlan, bucket: str, boto: Any) -> tuple[JobPlan, list[PrepStep]]:
+def prepare_plan(plan: JobPlan, bucket: str, boto: Any) -> tuple[JobPlan, list[PrepStep]]:
     """The `horovod` channel, and a build job first when S3 has no wheel for the image yet."""
-    from workshop.sagemaker_jobs import PrepStep
-
     if plan.custom_image:
         return plan, []
     uri = wheel_channel_uri(bucket, plan.image_uri)
@@ -373,20 +366,33 @@ def _prepare(plan: JobPlan, bucket: str, boto: Any) -> tuple[JobPlan, list[PrepS
     return plan, [step]
 
 
-def _register() -> None:
-    from workshop import sagemaker_jobs
+class HorovodLauncher(LauncherBase):
+    """Horovod's ranks through the workshop's driver, in both runtimes, for one framework's script."""
 
-    @sagemaker_jobs.register_launcher("horovod", check=_check, prepare=_prepare)
-    def _horovod(plan) -> Horovod:
+    name = "horovod"
+
+    def __init__(self, framework: Literal["pytorch", "tensorflow"]):
+        self.framework = framework
+
+    def __repr__(self) -> str:
+        return f"HorovodLauncher({self.framework!r})"
+
+    def local_config(self, lab: Lab, procs_per_host: int | None) -> Horovod:
+        check_installed(self.framework)  # before any process starts: a missing build says how to get one
+        return Horovod(framework=self.framework, process_count_per_node=procs_per_host)
+
+    def sagemaker_config(self, plan: JobPlan) -> Horovod:
         # SageMaker's framework images have no Horovod: the hosts install the wheel built once
-        # for the image from channel `horovod` (added by _prepare). An image of your own
+        # for the image from channel `horovod` (added by prepare). An image of your own
         # (image_uri=..., e.g. from 2_horovod/docker/Dockerfile) has it.
-        framework = "tensorflow" if plan.lab.sagemaker.framework == "tensorflow" else "pytorch"
         return Horovod(
-            framework=framework,
+            framework=self.framework,
             install="none" if plan.custom_image else "wheel",
             process_count_per_node=plan.procs_per_host,
         )
 
+    def check(self, plan: JobPlan) -> JobPlan:
+        return check_plan(plan)
 
-_register()
+    def prepare(self, plan: JobPlan, bucket: str, boto: Any) -> tuple[JobPlan, list[PrepStep]]:
+        return prepare_plan(plan, bucket, boto)

@@ -24,7 +24,7 @@ Two sources, one layout:
 `upload_channels` puts the channel folders in S3 once (unchanged files are skipped), for
 `sagemaker` mode. The command line does the same as `prepare_mnist`:
 
-    python -m workshop.data mnist data/mnist [--source auto|full|subset]
+    python -m workshop.datasets mnist data/mnist [--source auto|full|subset]
 """
 
 from __future__ import annotations
@@ -48,10 +48,16 @@ from typing import IO, Any
 
 import numpy as np
 
+from workshop import REPO_ROOT
+from workshop.cloud import aws
 from workshop.errors import WorkshopError
 
 __all__ = [
     "CHANNELS",
+    "DEFAULT_DIR",
+    "MNIST",
+    "MnistSource",
+    "data_prefix",
     "ChannelUris",
     "MnistChannels",
     "SOURCES",
@@ -65,6 +71,7 @@ __all__ = [
 ]
 
 CHANNELS = ("train", "test")
+DEFAULT_DIR = REPO_ROOT / "data" / "mnist"  # where the labs prepare it unless told otherwise
 SOURCES = ("auto", "full", "subset")
 DATASETS = ("mnist",)
 NPZ_NAME = "mnist.npz"
@@ -563,7 +570,7 @@ def load_channel(channel_dir: str | os.PathLike[str]) -> tuple[np.ndarray, np.nd
     if not path.is_file():
         raise WorkshopError(
             f"No {NPZ_NAME} in {channel_dir}.",
-            "run `python -m workshop.data mnist DIR` (or prepare_mnist(DIR)) first.",
+            "run `python -m workshop.datasets mnist DIR` (or prepare_mnist(DIR)) first.",
         )
     with np.load(path) as npz:
         return npz["images"], npz["labels"]
@@ -582,7 +589,7 @@ def _channel_dirs(channels: MnistChannels | str | os.PathLike[str]) -> dict[str,
     if missing:
         raise WorkshopError(
             f"No prepared channel in {', '.join(missing)}.",
-            "run prepare_mnist(DIR) (or `python -m workshop.data mnist DIR`) and upload DIR.",
+            "run prepare_mnist(DIR) (or `python -m workshop.datasets mnist DIR`) and upload DIR.",
         )
     return dirs
 
@@ -687,10 +694,62 @@ def upload_channels(
 # --------------------------------------------------------------------------- CLI
 
 
+# --------------------------------------------------------------------------- the labs' data source
+
+
+def data_prefix(user: str | None = None, key_prefix: str | None = None) -> str:
+    """S3 key prefix of the MNIST channels: one copy per user, shared by every lab, under the
+    SDK's default key prefix when the SDK config sets one (`key_prefix`; None: read it from the
+    config), next to the jobs' own files, where the workshop role may read it."""
+    key_prefix = aws.sdk_key_prefix() if key_prefix is None else key_prefix
+    return aws.s3_key(key_prefix, aws.WORKSHOP_NAME, user or aws.user_prefix(), "data/mnist")
+
+
+class MnistSource:
+    """MNIST as a lab's data source (`workshop.spec.DataSource`): labs 1, 2 and 3."""
+
+    name = "MNIST"
+    channels = CHANNELS
+    default_dir = DEFAULT_DIR
+
+    def prepare(self, directory: str | os.PathLike[str] | None = None) -> MnistChannels:
+        return prepare_mnist(self.default_dir if directory is None else directory)
+
+    def prepared(self, directory: Any = None) -> MnistChannels | None:
+        """The channels in `directory` (or `directory` itself, if it is prepared channels), or None.
+        Channels written by hand (the `.npz` files without `dataset.json`) count, with their sizes."""
+        if isinstance(directory, MnistChannels):
+            return directory
+        root = Path(self.default_dir if directory is None else directory).expanduser()
+        found = _existing(root)
+        if found is not None or not all((root / c / NPZ_NAME).is_file() for c in CHANNELS):
+            return found
+        try:
+            counts = []
+            for channel in CHANNELS:
+                with np.load(root / channel / NPZ_NAME) as npz:
+                    counts.append(int(npz["labels"].shape[0]))
+        except (OSError, KeyError, ValueError):
+            return None
+        return MnistChannels(root / "train", root / "test", "unknown", counts[0], counts[1], root)
+
+    def s3_prefix(self, user: str | None = None, key_prefix: str | None = None) -> str:
+        return data_prefix(user, key_prefix)
+
+    def upload(self, channels: MnistChannels, bucket: str, boto: Any, key_prefix: str | None = None) -> ChannelUris:
+        return upload_channels(channels, bucket, data_prefix(key_prefix=key_prefix), boto_session=boto)
+
+    def __repr__(self) -> str:
+        return "MnistSource()"
+
+
+MNIST = MnistSource()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m workshop.data mnist DIR [--source ...]`: prepare the channels, print them."""
+    """`python -m workshop.datasets mnist DIR [--source ...]`: prepare the channels, print them."""
     parser = argparse.ArgumentParser(
-        prog="python -m workshop.data",
+        prog="python -m workshop.datasets",
         description=(
             "Write a dataset as SageMaker channels: DIR/train/mnist.npz and DIR/test/mnist.npz "
             "(arrays `images` uint8 (N, 28, 28) and `labels` int64 (N,)), each with a "

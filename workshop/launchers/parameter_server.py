@@ -1,6 +1,6 @@
-"""Lab 1's launcher: a `DistributedConfig` for TF2 parameter-server jobs, and its registration.
+"""The parameter-server launcher (lab 1): a `DistributedConfig` for TF2 parameter-server jobs, and the launcher.
 
-    from workshop.parameter_server import ParameterServer
+    from workshop.launchers.parameter_server import ParameterServer
     ModelTrainer(..., distributed=ParameterServer())        # SageMaker
     LocalCluster(..., distributed=ParameterServer())        # the local cluster, same driver
 
@@ -23,8 +23,11 @@ from types import ModuleType
 from sagemaker.train.distributed import DistributedConfig
 
 from workshop.errors import WorkshopError
+from workshop.jobs import JobPlan
+from workshop.launchers.base import LauncherBase
+from workshop.spec import Lab
 
-DRIVER_DIR = Path(__file__).resolve().parent / "drivers" / "parameter_server"
+DRIVER_DIR = Path(__file__).resolve().parent.parent / "drivers" / "parameter_server"
 DRIVER_SCRIPT = "ps_driver.py"
 
 
@@ -65,17 +68,24 @@ def job_ports(base_port: int, hosts: int) -> list[int]:
     return sorted(p for ports in load_driver().ports(base_port, hosts).values() for p in ports)
 
 
-def _register() -> None:
-    from workshop import sagemaker_jobs
+class ParameterServerLauncher(LauncherBase):
+    """One parameter server per host, the coordinator on algo-1, workers elsewhere, in both runtimes."""
 
-    @sagemaker_jobs.register_launcher("parameter_server")
-    def _parameter_server(plan) -> ParameterServer:
+    name = "parameter_server"
+
+    def local_config(self, lab: Lab, procs_per_host: int | None) -> ParameterServer:
+        if procs_per_host not in (None, 1):
+            raise WorkshopError(
+                f"Lab {lab.key!r} runs one training process per host (plus a parameter server), "
+                f"not {procs_per_host}.",
+                "use --procs-per-host 1 (the default) and more hosts for more workers.",
+            )
+        return ParameterServer()
+
+    def sagemaker_config(self, plan: JobPlan) -> ParameterServer:
         if plan.instance_count < 2:
             raise WorkshopError(
                 f"A parameter-server job needs at least 2 instances, got {plan.instance_count}.",
                 "pass hosts=2 or more (one coordinator, at least one worker).",
             )
         return ParameterServer()
-
-
-_register()

@@ -1,7 +1,7 @@
 """Measure the bytes one Horovod all-reduce really puts on the wire, against 2(N-1)K.
 
-    python -m workshop.horovod_probe --ranks 4 --mib 64       # starts horovodrun itself
-    from workshop.horovod_probe import measure_allreduce       # what lab 2's notebook calls
+    python -m workshop.launchers.horovod_probe --ranks 4 --mib 64       # starts horovodrun itself
+    from workshop.launchers.horovod_probe import measure_allreduce       # what lab 2's notebook calls
 
 Ring all-reduce of K bytes over N ranks runs in two phases of N-1 steps: scatter-reduce (each
 rank sends one K/N chunk per step, adding what it receives) and all-gather (each rank passes
@@ -115,12 +115,12 @@ def measure_allreduce(ranks: int, nbytes: int = 64 << 20, repeats: int = 3, time
     horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
     if not os.path.exists(horovodrun):
         raise WorkshopError("horovodrun is not installed here.", "run `make horovod`.")
-    from workshop.horovod import check_installed
+    from workshop.launchers.horovod import check_installed
 
     check_installed("pytorch")
     cmd = [
         horovodrun, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}",
-        sys.executable, "-m", "workshop.horovod_probe", "--worker", "--bytes", str(nbytes), "--repeats", str(repeats),
+        sys.executable, "-m", "workshop.launchers.horovod_probe", "--worker", "--bytes", str(nbytes), "--repeats", str(repeats),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     for line in proc.stdout.splitlines():
@@ -142,7 +142,7 @@ def describe(t: Traffic) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m workshop.horovod_probe", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m workshop.launchers.horovod_probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     p.add_argument("--mib", type=int, default=64, help="K, the all-reduced tensor's size in MiB")
     p.add_argument("--bytes", type=int, default=None, help=argparse.SUPPRESS)

@@ -2,7 +2,7 @@
 
 Everything here either answers a question without spending anything (which region, which
 role, which name prefix) or fails with a `WorkshopError` that names its fix, so that
-`workshop.sagemaker_jobs` can check everything before it creates anything.
+`workshop.jobs` can check everything before it creates anything.
 
 Telemetry: SDK v3 sends a usage event from every `ModelTrainer.train()` unless the SDK
 config says `SageMaker.PythonSDK.Modules.TelemetryOptOut: true`. The SDK reads that flag from
@@ -47,8 +47,8 @@ USER_HASH_CHARS = 6
 # Login names that say nothing about who is running (SageMaker notebook instances are all
 # `ec2-user`, Studio is `sagemaker-user`): on SageMaker, the resource name is used instead.
 _GENERIC_LOGINS = {"ec2-user", "sagemaker-user", "root", "jovyan", "ubuntu", "user", "admin"}
-_ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}$")
-_ROLE_NAME = re.compile(r"^[\w+=,.@-]{1,64}$")
+ROLE_ARN_PATTERN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}$")
+ROLE_NAME_PATTERN = re.compile(r"^[\w+=,.@-]{1,64}$")
 
 TELEMETRY_OPT_OUT: dict[str, Any] = {
     "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}}
@@ -126,9 +126,9 @@ def _notebook_metadata() -> dict[str, Any]:
 def _role_arn(role: str, session: Any, source: str) -> str:
     """A role ARN from an ARN or a bare role name (looked up in IAM, like the SDK does)."""
     role = role.strip()
-    if _ROLE_ARN.match(role):
+    if ROLE_ARN_PATTERN.match(role):
         return role
-    if not _ROLE_NAME.match(role):
+    if not ROLE_NAME_PATTERN.match(role):
         raise WorkshopError(
             f"{source} is not an IAM role ARN or role name: {role!r}.",
             "use the form arn:aws:iam::<12-digit account>:role/<name>.",

@@ -1,0 +1,21 @@
+"""Lab 3's spec: PyTorch DDP on MNIST under SDK v3's Torchrun (see `workshop.spec`)."""
+
+from workshop.datasets.mnist import MNIST
+from workshop.jobs.images import PYTORCH_IMAGE
+from workshop.launchers.torchrun import TorchrunLauncher
+from workshop.spec import Lab, SageMakerDefaults
+
+LAB = Lab(
+    key="data_parallel",
+    folder="3_data_parallel",
+    title="Data parallel (PyTorch DDP)",
+    strategy="synchronous all-reduce (DDP)",
+    launcher=TorchrunLauncher(),
+    data=MNIST,
+    local_hosts=2,
+    local_procs_per_host=1,
+    # log-interval 5: a few points per epoch on the 4,000-digit subset, for the plots
+    local_hyperparameters={"epochs": 3, "log-interval": 5},
+    sagemaker=SageMakerDefaults(**PYTORCH_IMAGE, instance_type="ml.g5.xlarge", instance_count=2),
+    aliases=("3", "3_data_parallel", "ddp"),
+)

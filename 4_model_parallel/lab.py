@@ -1,0 +1,105 @@
+"""Lab 4's spec: a small GPT sharded with PyTorch FSDP2 on CPython's documentation (see `workshop.spec`).
+
+**SageMaker: two routes, one script.**
+- `fsdp` (the default): the SageMaker PyTorch 2.13 training image (`pytorch-amzn2023`, py312: the
+  torch this project pins) on any GPU instance, plain `Torchrun()`; the script's own FSDP2
+  (`fully_shard`) flags do the sharding. Default: 2 x ml.g5.xlarge (one A10G, 24 GB each),
+  plenty for a model of a few million parameters; at most 2 x $1.408/h x 0.5 h: the dry run
+  prints `cost: at most $1.41`.
+- `smp` (opt-in, `allow_unsupported_image=True`): the SageMaker model-parallel (SMP v2) image,
+  `pytorch-smp` 2.5.1 (py311, container version cu124), with `Torchrun(smp=SMP(
+  hybrid_shard_degree=..., sm_activation_offloading=..., activation_loading_horizon=...))`. The
+  SDK writes the settings into `distributed.json` and passes them as the hyperparameter
+  `mp_parameters`; the script calls `tsm.init(settings)` and maps them onto its own flags (hybrid
+  sharding degree, checkpointing + offloading), then shards with FSDP2. What it does NOT do:
+  SMP's own sharding and offloading plug into PyTorch's FSDP1 `FullyShardedDataParallel` API,
+  which this script does not use (FSDP1 refuses CPU, where CI runs it), so SMP's implementation
+  of them is never exercised; the same work is done by PyTorch itself. Its image is PyTorch
+  2.5.1, past its end of patch (2025-10-29), and SMP v2 runs only on ml.p4d.24xlarge,
+  ml.p4de.24xlarge and ml.p5.48xlarge (docs.aws.amazon.com/sagemaker/latest/dg/
+  distributed-model-parallel-support-v2.html): 2 x ml.p4d.24xlarge cost up to $37.69 per half
+  hour, for a model of a few million parameters.
+"""
+
+import json
+
+from workshop.datasets.corpus import CORPUS
+from workshop.errors import WorkshopError
+from workshop.jobs import JobPlan, is_gpu_instance
+from workshop.jobs.images import PYTORCH_IMAGE
+from workshop.launchers.torchrun import TorchrunLauncher, smp_settings
+from workshop.spec import Lab, SageMakerDefaults
+
+# SMP v2's instance types (AWS Developer Guide, "Supported frameworks and AWS Regions", SMP v2).
+SMP_INSTANCE_TYPES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge")
+SMP_IMAGE = {"framework": "pytorch-smp", "framework_version": "2.5.1", "py_version": "py311",
+             "container_version": "cu124"}
+SMP_OPT_IN_FIX = (
+    "use route='fsdp' (the default: the supported PyTorch 2.13 image, the same FSDP2 sharding, on any GPU "
+    "instance), or pass allow_unsupported_image=True (CLI: --route smp --allow-unsupported-image) to run "
+    "the SMP image anyway, knowing what it does and does not show (see 4_model_parallel/lab.py)."
+)
+
+FSDP_ROUTE = SageMakerDefaults(
+    **PYTORCH_IMAGE,
+    instance_type="ml.g5.xlarge",  # 1 NVIDIA A10G, 24 GB; about $1.41/h
+    instance_count=2,
+    max_run_s=1800,
+    route="fsdp",
+    description="plain FSDP2 on the PyTorch 2.13 image, any GPU instance",
+)
+SMP_ROUTE = SageMakerDefaults(
+    **SMP_IMAGE,
+    instance_type="ml.p4d.24xlarge",  # 8 NVIDIA A100 40 GB; about $37.69/h
+    instance_count=2,
+    max_run_s=1800,
+    instance_types=SMP_INSTANCE_TYPES,
+    route="smp",
+    description="the SMP v2 image (PyTorch 2.5.1, past its end of patch; opt-in)",
+    unsupported_image_fix=SMP_OPT_IN_FIX,
+)
+
+
+def check_job(plan: JobPlan) -> JobPlan:
+    """What only the host can know: the route's image has the library, the instance has a GPU to offload from."""
+    smp = smp_settings(plan.hyperparameters)
+    route = plan.sagemaker.route
+    if smp and route != "smp":
+        raise WorkshopError(
+            f"SMP settings {json.dumps(smp)} on the {route!r} route, whose image "
+            f"({plan.sagemaker.framework} {plan.sagemaker.framework_version}) does not have the SageMaker "
+            "model-parallel library (torch.sagemaker).",
+            "drop smp=... and pass the script's own flags (sharding, hybrid-shard-degree, activation-checkpointing, "
+            "activation-offloading), which do the same work; or use route='smp' with allow_unsupported_image=True "
+            "(the pytorch-smp image, past its end of patch).",
+        )
+    offload = smp.get("sm_activation_offloading") or plan.hyperparameters.get("activation-offloading") == "cpu"
+    if offload and not is_gpu_instance(plan.instance_type):
+        raise WorkshopError(
+            f"Activation offloading on {plan.instance_type}, which has no GPU: offloading moves activations "
+            "from GPU memory to host memory, and on a CPU instance they are in host memory already.",
+            "use a GPU instance type, or drop activation offloading.",
+        )
+    return plan
+
+
+LAB = Lab(
+    key="model_parallel",
+    folder="4_model_parallel",
+    title="Model parallel (PyTorch FSDP2; SageMaker model parallel v2)",
+    strategy="sharded data parallel (FSDP2)",
+    launcher=TorchrunLauncher(smp=True),  # Torchrun(smp=SMP(...)) with SMP settings, plain Torchrun() without
+    data=CORPUS,
+    local_hosts=2,
+    local_procs_per_host=1,
+    # A tiny GPT for a quick local run; the summary's accuracy is next-character accuracy.
+    local_hyperparameters={
+        "steps": 60, "layers": 2, "d-model": 64, "seq-len": 32, "batch-size": 8,
+        "log-interval": 10, "sharding": "full_shard",
+    },
+    metrics=("train_loss", "test_loss", "test_accuracy", "perplexity", "step_time_s"),
+    sagemaker=FSDP_ROUTE,
+    routes=(SMP_ROUTE,),
+    sagemaker_check=check_job,
+    aliases=("4", "4_model_parallel", "fsdp", "mp"),
+)

@@ -1,0 +1,61 @@
+"""Lab 4's measurement grid: per-rank memory and step time for each sharding, at world sizes 1, 2, 4.
+
+    python 4_model_parallel/measure.py                 # the memory table
+    from measure import MEASURE_MODEL, measure         # what the notebook calls (its folder is on the path)
+
+Each measurement is one run of the lab's own script on one simulated host with `world_size`
+processes (`workshop.runner.run_local`); the script prints each rank's accounting line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from workshop.labs import get_lab
+from workshop.runner import run_local
+
+MEASURE_MODEL = {"layers": 2, "d-model": 64, "heads": 4, "seq-len": 32, "batch-size": 8}
+
+
+def measure(
+    sharding: str,
+    world_size: int,
+    *,
+    steps: int = 3,
+    hyperparameters: Mapping[str, Any] | None = None,
+    workdir: str | os.PathLike[str] | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> list[dict[str, Any]]:
+    """One run of the lab's script on one simulated host with `world_size` processes; returns
+    each rank's accounting record (the `METRICS ... state_bytes=...` line) plus rank 0's losses."""
+    hps = {**MEASURE_MODEL, "steps": steps, "log-interval": steps, "eval-sequences": 8,
+           "sharding": sharding, **(hyperparameters or {})}
+    if sharding == "hybrid_shard" and "hybrid-shard-degree" not in hps:
+        hps["hybrid-shard-degree"] = max(1, world_size // 2)
+    result = run_local(get_lab("model_parallel"), hosts=1, procs_per_host=world_size, hyperparameters=hps,
+                       workdir=workdir, data_dir=data_dir, echo=False)
+    rows = [r for r in result.records if "state_bytes" in r]
+    final = {k: result.metric(k) for k in ("final_train_loss", "test_loss", "test_accuracy")}
+    return [{**r, **final} for r in sorted(rows, key=lambda r: r["rank"])]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python 4_model_parallel/measure.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world-sizes", default="1,2,4")
+    args = parser.parse_args(argv)
+    print(f"{'sharding':<14} {'N':>2} {'rank':>4} {'state KB':>9} {'ideal KB':>9} {'saved act KB':>12} {'step ms':>8}")
+    for n in (int(x) for x in args.world_sizes.split(",")):
+        for sharding in ("no_shard", "optimizer", "shard_grad_op", "full_shard"):
+            for r in measure(sharding, n)[:1]:
+                print(f"{sharding:<14} {n:>2} {r['rank']:>4} {r['state_bytes'] / 1e3:>9.1f} "
+                      f"{r['ideal_state_bytes'] / 1e3:>9.1f} {r['saved_act_bytes'] / 1e3:>12.1f} "
+                      f"{r['step_time_s'] * 1e3:>8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

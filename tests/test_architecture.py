@@ -1,0 +1,184 @@
+"""The package's shape (CONTRIBUTING.md): layers that import one way, no cycles, no lab named.
+
+Every import counts, including those inside functions and under `if TYPE_CHECKING:`: a cycle
+closed by a deferred import is still a cycle a reader has to hold in their head.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from workshop import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "workshop"
+# The drivers ship inside SageMaker jobs on their own (stdlib only): not part of the package graph.
+SHIPPED = PACKAGE / "drivers"
+# Lower layers never import higher ones (CONTRIBUTING.md, "The layers").
+LAYERS: dict[str, int] = {
+    "workshop": 0, "workshop.errors": 0, "workshop.metrics": 0,
+    "workshop.spec": 1, "workshop.runtime": 1, "workshop.cloud": 1,
+    "workshop.jobs": 2, "workshop.planner": 2,
+    "workshop.launchers": 3, "workshop.datasets": 3,
+    "workshop.labs": 4,
+    "workshop.runner": 5, "workshop.account": 5, "workshop.notebook": 5, "workshop.__main__": 5,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if SHIPPED not in p.parents}
+
+
+def layer(module: str) -> int:
+    best = max((m for m in LAYERS if module == m or module.startswith(m + ".")), key=len, default=None)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS here and to CONTRIBUTING.md's table")
+    return LAYERS[best]
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, int, str | None]]:
+    """(imported module, line, imported name or None) for every import of a workshop module."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno, None) for a in node.names if a.name.split(".")[0] == "workshop"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "workshop":
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.append((sub, node.lineno, None) if sub in known else (target, node.lineno, alias.name))
+    return [(m, line, n) for m, line, n in found if m != name]
+
+
+def graph() -> tuple[dict[str, set[str]], list[str], list[str]]:
+    known = modules()
+    edges: dict[str, set[str]] = defaultdict(set)
+    private, upward = [], []
+    for name, path in known.items():
+        for target, line, imported in imports(name, path, known):
+            if target not in known:
+                raise AssertionError(f"{path}:{line} imports {target}, which does not exist")
+            edges[name].add(target)
+            if imported and imported.startswith("_"):
+                private.append(f"{path.relative_to(REPO_ROOT)}:{line} imports the private name {imported} from {target}")
+            if layer(target) > layer(name):
+                upward.append(f"{path.relative_to(REPO_ROOT)}:{line}: {name} (layer {layer(name)}) imports "
+                              f"{target} (layer {layer(target)})")
+    return edges, private, upward
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle():
+    edges, _, _ = graph()
+    cycle = find_cycle(edges)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}}) is None
+
+
+def test_layers_import_downwards_only():
+    _, _, upward = graph()
+    assert upward == []
+
+
+def test_no_private_name_is_imported_across_modules():
+    _, private, _ = graph()
+    assert private == []
+
+
+def test_every_module_is_in_a_layer():
+    for name in modules():
+        layer(name)
+
+
+def lab_branches(source: str, names: set[str]) -> list[str]:
+    """Every comparison in `source` with a lab's key or folder, or with an attribute `.key`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        for side in (node.left, *node.comparators):
+            items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+            if any(isinstance(i, ast.Constant) and i.value in names for i in items) or (
+                    isinstance(side, ast.Attribute) and side.attr == "key"):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+                break
+    return found
+
+
+def test_the_package_names_no_lab():
+    """The CLI, runner, SageMaker path and launchers read what they need from a lab's spec: no
+    module outside the registry branches on a lab's key or folder."""
+    from workshop.labs import LABS
+
+    names = {lab.key for lab in LABS.values()} | {lab.folder_name for lab in LABS.values()}
+    found = [f"{path.relative_to(REPO_ROOT)}:{line}" for name, path in modules().items()
+             if name != "workshop.labs"  # the registry looks labs up by key
+             for line in lab_branches(path.read_text(), names)]
+    assert found == []
+
+
+def test_the_lab_name_check_sees_a_branch():
+    source = ('if lab.key == "model_parallel":\n    pass\nif x in ("4_model_parallel", "y"):\n    pass\n'
+              'if args.route != "fsdp":\n    pass\n')
+    assert lab_branches(source, {"model_parallel", "4_model_parallel"}) == [
+        "1: lab.key == 'model_parallel'", "3: x in ('4_model_parallel', 'y')"]
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_each_layer_entry_exists(name):
+    assert name in modules() or any(m.startswith(name + ".") for m in modules()), name
+
+
+def test_the_readme_names_every_module():
+    """README's module table: each module by its dotted name, or as `.name` on its package's row."""
+    rows = [line for line in (REPO_ROOT / "README.md").read_text().splitlines() if line.startswith("| ")]
+    missing = []
+    for name in modules():
+        package, _, last = name.rpartition(".")
+        named = any(f"`{name}`" in row or f"`{name} " in row or f"`{name}." in row
+                    or (f"`{package}" in row and f"`.{last}`" in row)
+                    or (f"`{package}` (" in row and f"`{last}`" in row) for row in rows)
+        if not named and name != "workshop" and not name.endswith("__main__"):
+            missing.append(name)
+    assert missing == []

@@ -1,0 +1,155 @@
+"""CPython's reference documentation as a text corpus: lab 4's data source.
+
+CPython ships its own reference documentation inside the standard library as
+`pydoc_data.topics.topics` (79 topics, what `help("with")` prints: about 0.46 MB of English
+prose and code). It needs no download and is the same on every machine with the same Python.
+Every tenth topic (sorted by name) goes to `test`, the rest to `train`, each as `corpus.txt`
+(ASCII; the script models bytes).
+
+    python -m workshop.datasets.corpus data/corpus
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workshop import REPO_ROOT
+from workshop.cloud import aws
+
+CORPUS_FILE = "corpus.txt"
+
+
+CHANNELS = ("train", "test")
+
+
+DEFAULT_DATA_DIR = REPO_ROOT / "data" / "corpus"
+
+
+TEST_EVERY = 10  # every tenth topic is held out
+
+
+@dataclass(frozen=True)
+class CorpusChannels:
+    train_dir: Path
+    test_dir: Path
+    n_train: int  # characters
+    n_test: int
+    root: Path
+    source: str
+
+    @property
+    def dirs(self) -> dict[str, Path]:
+        return {"train": self.train_dir, "test": self.test_dir}
+
+
+def corpus_texts() -> dict[str, str]:
+    """{"train": text, "test": text} from `pydoc_data.topics` (the stdlib's own docs)."""
+    from pydoc_data.topics import topics
+
+    keys = sorted(topics)
+    test = set(keys[::TEST_EVERY])
+    return {
+        "train": "\n\n".join(topics[k] for k in keys if k not in test),
+        "test": "\n\n".join(topics[k] for k in keys if k in test),
+    }
+
+
+def prepare_corpus(directory: str | os.PathLike[str] | None = None) -> CorpusChannels:
+    """Write `DIR/train/corpus.txt` and `DIR/test/corpus.txt` (idempotent)."""
+    root = Path(directory or DEFAULT_DATA_DIR).expanduser()
+    source = f"pydoc_data.topics of CPython {sys.version.split()[0]}"
+    sizes = {}
+    for channel, text in corpus_texts().items():
+        data = text.encode("ascii", "replace")  # a few non-ASCII characters become '?'
+        folder = root / channel
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / CORPUS_FILE
+        if not path.is_file() or path.read_bytes() != data:
+            tmp = path.with_name("." + path.name + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        (folder / "dataset.json").write_text(json.dumps({"source": source, "characters": len(data)}) + "\n")
+        sizes[channel] = len(data)
+    return CorpusChannels(root / "train", root / "test", sizes["train"], sizes["test"], root, source)
+
+
+def data_prefix(user: str | None = None, key_prefix: str | None = None) -> str:
+    """S3 key prefix of the corpus channels, under the SDK's default key prefix when the SDK
+    config sets one (as `workshop.datasets.mnist.data_prefix`), where the workshop role may read."""
+    key_prefix = aws.sdk_key_prefix() if key_prefix is None else key_prefix
+    return aws.s3_key(key_prefix, aws.WORKSHOP_NAME, user or aws.user_prefix(), "data/pydoc-corpus")
+
+
+def upload_corpus(channels: CorpusChannels, bucket: str, boto_session: Any,
+                  key_prefix: str | None = None) -> dict[str, str]:
+    """Upload the two channel folders once (an object with the same MD5 is skipped)."""
+    s3 = boto_session.client("s3")
+    uris = {}
+    for channel, folder in channels.dirs.items():
+        key_base = f"{data_prefix(key_prefix=key_prefix)}/{channel}"
+        uris[channel] = f"s3://{bucket}/{key_base}"
+        for path in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
+            body = path.read_bytes()
+            key = f"{key_base}/{path.name}"
+            try:
+                if s3.head_object(Bucket=bucket, Key=key)["ETag"].strip('"') == hashlib.md5(body).hexdigest():
+                    continue
+            except Exception:  # noqa: BLE001 (absent: upload it)
+                pass
+            s3.put_object(Bucket=bucket, Key=key, Body=body)
+    return uris
+
+
+class CorpusSource:
+    """The corpus as a lab's data source (`workshop.spec.DataSource`): lab 4."""
+
+    name = "pydoc-corpus"
+    channels = CHANNELS
+    default_dir = DEFAULT_DATA_DIR
+
+    def prepare(self, directory: str | os.PathLike[str] | None = None) -> CorpusChannels:
+        return prepare_corpus(directory)
+
+    def prepared(self, directory: Any = None) -> CorpusChannels | None:
+        """The channels in `directory` (or `directory` itself, if it is prepared channels), or None."""
+        if isinstance(directory, CorpusChannels):
+            return directory
+        root = Path(self.default_dir if directory is None else directory).expanduser()
+        files = [root / channel / CORPUS_FILE for channel in CHANNELS]
+        if not all(f.is_file() for f in files):
+            return None
+        train, test = (f.stat().st_size for f in files)
+        return CorpusChannels(root / "train", root / "test", train, test, root, f"{CORPUS_FILE} files in {root}")
+
+    def s3_prefix(self, user: str | None = None, key_prefix: str | None = None) -> str:
+        return data_prefix(user, key_prefix)
+
+    def upload(self, channels: CorpusChannels, bucket: str, boto: Any, key_prefix: str | None = None) -> dict[str, str]:
+        return upload_corpus(channels, bucket, boto, key_prefix=key_prefix)
+
+    def __repr__(self) -> str:
+        return "CorpusSource()"
+
+
+CORPUS = CorpusSource()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        print("usage: python -m workshop.datasets.corpus [DIR]  (default: data/corpus)", file=sys.stderr)
+        return 2
+    c = prepare_corpus(args[0] if args else None)
+    print(f"{c.source}: train {c.train_dir / CORPUS_FILE} ({c.n_train:,} characters), "
+          f"test {c.test_dir / CORPUS_FILE} ({c.n_test:,})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""The exact CreateTrainingJob request SDK v3 would send, with no credentials at all.
+
+`train(dry_run=True)` is not dry: it builds the request with `_create_training_job_args`, which
+uploads the source code and the SDK's drivers to S3 (and creates the default bucket), then
+returns None without the request. Hence `dry_run` runs the SDK's real `ModelTrainer(...)` and
+`train()` inside moto's in-process fake AWS and takes the request from botocore's
+`before-parameter-build` event, then stops it there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from workshop.cloud import aws
+from workshop.cloud.preflight import dry_run_lines
+from workshop.errors import WorkshopError
+from workshop.jobs.checks import check_role, given_role
+from workshop.jobs.common import input_data, say, split_s3
+from workshop.jobs.plan import (
+    JobPlan,
+    JobRequest,
+    check_internet,
+    describe_plan,
+    network_egress,
+    plan_job,
+    prepare_launcher,
+)
+from workshop.jobs.trainer import build_from_plan
+from workshop.spec import Lab
+
+# A dry run needs some role ARN; moto's account id makes it obviously not yours.
+PLACEHOLDER_ACCOUNT = "123456789012"
+
+
+PLACEHOLDER_ROLE_ARN = f"arn:aws:iam::{PLACEHOLDER_ACCOUNT}:role/WorkshopDryRunPlaceholder"
+
+
+DRY_RUN_REGION = "us-east-1"  # when no region is configured: a dry run needs one for the image
+
+
+DRY_RUN_SUBNET = "subnet-0123456789abcdef0"  # placeholders a dry run with network=... shows
+
+
+DRY_RUN_SECURITY_GROUP = "sg-0123456789abcdef0"
+
+
+class DryRunRequest(dict):
+    """The CreateTrainingJob request, exactly as the SDK handed it to botocore (a plain dict).
+
+    Also carries what the request only points at: `sm_drivers` (the text of `distributed.json`,
+    `sourcecode.json` and `sm_train.sh` as uploaded to the `sm_drivers` channel) and
+    `code_files` (the files of the `code` channel).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.sm_drivers: dict[str, str] = {}
+        self.code_files: list[str] = []
+
+    def channel(self, name: str) -> str | None:
+        """The S3 URI of input channel `name`, if the request has it."""
+        for channel in self.get("InputDataConfig", []):
+            if channel["ChannelName"] == name:
+                return channel["DataSource"]["S3DataSource"]["S3Uri"]
+        return None
+
+
+class _Captured(Exception):
+    """Raised from the botocore hook so the request is never sent, not even to moto."""
+
+
+_DRIVER_FILES = ("distributed.json", "sourcecode.json", "sm_train.sh")
+
+
+@contextlib.contextmanager
+def _isolated_aws_env() -> Iterator[None]:
+    """No trace of the user's AWS setup while the dry run's fake AWS runs.
+
+    moto intercepts botocore in-process; on top, no profile, credential file, endpoint URL or
+    instance-metadata lookup can reach a real account, and throwaway keys are set.
+    """
+    remove = [
+        k
+        for k in os.environ
+        if k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+                 "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE")
+        or k.startswith(("AWS_ENDPOINT_URL", "AWS_CONTAINER_"))
+    ]
+    overrides = {
+        "AWS_ACCESS_KEY_ID": "dry-run",
+        "AWS_SECRET_ACCESS_KEY": "dry-run",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS": "true",
+    }
+    saved = {k: os.environ.get(k) for k in [*remove, *overrides]}
+    for key in remove:
+        os.environ.pop(key, None)
+    os.environ.update(overrides)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def data_uris(plan: JobPlan, bucket: str) -> dict[str, str]:
+    """Where the lab's data channels are in `bucket` (its data source's S3 prefix)."""
+    prefix = plan.lab.data.s3_prefix()
+    return {channel: f"s3://{bucket}/{prefix}/{channel}" for channel in plan.lab.data.channels}
+
+
+def _dry_run_from_plan(plan: JobPlan, role: str, inputs: Mapping[str, str] | None) -> DryRunRequest:
+    try:
+        import boto3
+        from moto import mock_aws
+    except ImportError:
+        raise WorkshopError(
+            "A dry run needs moto (a fake AWS, in-process).", "pip install 'moto[server]' (see requirements.txt)."
+        ) from None
+
+    captured: dict[str, Any] = {}
+
+    def capture(params: dict[str, Any], **_: Any) -> None:
+        captured.update(copy.deepcopy(params))
+        raise _Captured
+
+    with _isolated_aws_env(), mock_aws():
+        boto = boto3.Session(
+            region_name=plan.region, aws_access_key_id="dry-run", aws_secret_access_key="dry-run"
+        )
+        # Registered before any client exists: clients copy the session's handlers.
+        boto.events.register("before-parameter-build.sagemaker.CreateTrainingJob", capture)
+        session = aws.sagemaker_session(boto)
+        trainer = build_from_plan(plan, role, session, validate_role=False)
+        data = dict(inputs) if inputs is not None else data_uris(plan, session.default_bucket())
+        channels = input_data({**data, **dict(plan.extra_inputs)})  # plus the launcher's channels
+        try:
+            trainer.train(input_data_config=channels, wait=False, logs=False)
+        except _Captured:
+            pass
+        if not captured:
+            raise RuntimeError("The SageMaker SDK did not call CreateTrainingJob; cannot dry-run.")
+        request = DryRunRequest(captured)
+        s3 = boto.client("s3")
+        drivers = request.channel("sm_drivers")
+        if drivers:
+            bucket, prefix = split_s3(drivers)
+            for name in _DRIVER_FILES:
+                with contextlib.suppress(Exception):
+                    body = s3.get_object(Bucket=bucket, Key=f"{prefix}/{name}")["Body"].read()
+                    request.sm_drivers[name] = body.decode()
+        code = request.channel("code")
+        if code:
+            bucket, prefix = split_s3(code)
+            listing = s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])
+            request.code_files = sorted(o["Key"][len(prefix) + 1 :] for o in listing)
+    return request
+
+
+def _print_dry_run(plan: JobPlan, request: DryRunRequest, role_is_placeholder: bool) -> None:
+    print(json.dumps(request, indent=2, sort_keys=False, default=str), flush=True)
+    say(
+        f"source code: {request.channel('code')} <- {plan.lab.source_dir} "
+        f"({', '.join(request.code_files) or 'no files'})"
+    )
+    say(f"SDK drivers: {request.channel('sm_drivers')}")
+    if "distributed.json" in request.sm_drivers:
+        say(f"  distributed.json (read by the {plan.lab.launcher.name} driver): {request.sm_drivers['distributed.json']}")
+    placeholders = [f"account {PLACEHOLDER_ACCOUNT} and its bucket (yours: sagemaker-{plan.region}-<your account id>)"]
+    if role_is_placeholder:
+        placeholders.append(f"role {PLACEHOLDER_ROLE_ARN}")
+    say("placeholders: " + "; ".join(placeholders))
+    say("dry run: nothing was uploaded or created in AWS and nothing was spent.")
+
+
+def dry_run(
+    request: JobRequest | Lab,
+    *,
+    inputs: Mapping[str, str] | None = None,
+    show: bool = True,
+    train_samples: int | None = None,
+    **fields: Any,
+) -> DryRunRequest:
+    """The exact CreateTrainingJob request SDK v3 would send for a `JobRequest` (or a lab and
+    its fields as keywords), with no credentials at all.
+
+    Runs the SDK's real `ModelTrainer(...)` and `train()` against moto's in-process fake AWS
+    and takes the request from botocore's `before-parameter-build` event, then stops it
+    there. `inputs`: channel -> S3 URI (default: where `workshop.runner.run_on_sagemaker` would
+    upload the lab's data). Without a role, a placeholder ARN is used.
+    `show` prints the request as JSON, with where the source code and drivers went.
+    `train_samples` (the prepared training set's size) lets the script check each rank's share.
+    A `network` (True, "endpoints" or "nat") shows the job in the workshop network, with
+    placeholder subnet and security group ids (`workshop.cloud.network.ensure_network` makes real ones).
+    Also prints the network, role and cost, and which preflight checks need an account.
+    Like the real path, it refuses what CreateTrainingJob would reject (the role's form
+    included) before anything is built.
+    """
+    request = JobRequest.of(request, **fields)
+    role_arn = _dry_run_role(request.role)
+    egress = network_egress(request.network, request.subnets)
+    if egress:
+        request = JobRequest.of(request, subnets=[DRY_RUN_SUBNET], security_group_ids=[DRY_RUN_SECURITY_GROUP])
+    region, region_note = request.region, ""
+    if not region:
+        with contextlib.suppress(WorkshopError):
+            region = aws.boto_session().region_name
+    if not region:
+        region, region_note = DRY_RUN_REGION, " (no region configured: the dry run's default)"
+    plan = plan_job(request, region=region, train_samples=train_samples)
+    # The launcher's channels at the placeholder account's bucket; nothing is looked up.
+    plan, _ = prepare_launcher(plan, f"sagemaker-{region}-{PLACEHOLDER_ACCOUNT}", None)
+    plan = check_internet(plan, egress)
+    if show:
+        if region_note:
+            say(f"region {region}{region_note}")
+        describe_plan(plan)
+        for line in dry_run_lines(plan, role_arn, egress):
+            say(line)
+    request = _dry_run_from_plan(plan, role_arn, inputs)
+    if show:
+        _print_dry_run(plan, request, role_arn == PLACEHOLDER_ROLE_ARN)
+    return request
+
+
+def _dry_run_role(role: str | None) -> str:
+    """The role a dry run shows: the given one (a bare name in the placeholder account),
+    `$WORKSHOP_ROLE_ARN`, or the placeholder. Its form is checked as CreateTrainingJob would;
+    nothing is looked up: no credentials here."""
+    role, source = given_role(role)
+    if not role:
+        return PLACEHOLDER_ROLE_ARN
+    check_role(role, source)
+    if role.startswith("arn:"):
+        return role
+    return f"arn:aws:iam::{PLACEHOLDER_ACCOUNT}:role/{role}"

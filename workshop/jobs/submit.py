@@ -1,0 +1,252 @@
+"""Start a job, follow its CloudWatch logs to the end, and read what it left (`JobResult`)."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import tarfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from workshop.cloud import aws
+from workshop.errors import WorkshopError
+from workshop.jobs.common import input_data, say, split_s3
+from workshop.metrics import parse_lines
+
+if TYPE_CHECKING:
+    from sagemaker.train.model_trainer import ModelTrainer
+
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+
+
+POLL_S = 15.0
+
+
+TERMINAL_STATUSES = ("Completed", "Failed", "Stopped")
+
+
+def console_url(job_name: str, region: str) -> str:
+    return f"https://{region}.console.aws.amazon.com/sagemaker/home?region={region}#/jobs/{job_name}"
+
+
+def logs_url(job_name: str, region: str) -> str:
+    return (
+        f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#logStream:"
+        f"group={LOG_GROUP};prefix={job_name}/;streamFilter=typeLogStreamPrefix"
+    )
+
+
+@dataclass
+class JobResult:
+    """What a finished (or started) job left: status, metrics, where the model is."""
+
+    job_name: str
+    status: str
+    final_metrics: dict[str, float]
+    model_artifact: str | None
+    console_url: str
+    region: str
+    failure_reason: str | None = None
+    boto_session: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "Completed"
+
+    def metric(self, name: str) -> float | None:
+        return self.final_metrics.get(name)
+
+    def records(self) -> list[dict[str, Any]]:
+        """The job's METRICS lines from CloudWatch, as `workshop.metrics` records."""
+        return job_records(self.job_name, self.boto_session)
+
+    def download_model(self, dest: str | os.PathLike[str]) -> Path:
+        """Fetch `model.tar.gz` and extract it into `dest`; returns `dest`."""
+        from botocore.exceptions import ClientError
+
+        if not self.model_artifact:
+            raise WorkshopError(
+                f"Job {self.job_name} has no model artifact (status {self.status}).",
+                "a model exists only after the job completes; check the status and the logs.",
+            )
+        dest_path = Path(dest).expanduser()
+        s3 = aws.as_boto_session(self.boto_session).client("s3")
+        bucket, key = split_s3(self.model_artifact)
+        try:
+            body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            raise WorkshopError(
+                f"No model at {self.model_artifact} ({code or exc}); the job's status is {self.status}.",
+                "SageMaker uploads model.tar.gz when the job completes, with whatever the script "
+                "wrote to SM_MODEL_DIR (/opt/ml/model); check the job's logs.",
+            ) from None
+        dest_path.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as archive:
+            _safe_extract(archive, dest_path)
+        print(f"Model from {self.model_artifact} -> {dest_path}", flush=True)
+        return dest_path
+
+
+def _safe_extract(archive: tarfile.TarFile, dest: Path) -> None:
+    """Extract refusing absolute paths, `..` and links out of `dest` (tarfile's "data" filter
+    where this Python has it, 3.11.4+; the same check by hand before that)."""
+    if hasattr(tarfile, "data_filter"):
+        archive.extractall(dest, filter="data")
+        return
+    root = dest.resolve()
+    for member in archive.getmembers():
+        target = (root / member.name).resolve()
+        outside = root != target and root not in target.parents
+        if outside or member.issym() or member.islnk():
+            raise WorkshopError(f"Unsafe path in model.tar.gz: {member.name!r}.", "inspect the archive by hand.")
+    archive.extractall(dest)
+
+
+def _stream_host(stream_name: str) -> str:
+    """`<job>/algo-1-1700000000` -> `algo-1`."""
+    tail = stream_name.rsplit("/", 1)[-1]
+    match = re.match(r"^(algo-\d+)", tail)
+    return match.group(1) if match else tail
+
+
+class _LogTail:
+    """Reads each of a job's CloudWatch streams forward from where it last stopped."""
+
+    def __init__(self, job_name: str, boto: Any):
+        self.job_name = job_name
+        self.client = boto.client("logs")
+        self.tokens: dict[str, str | None] = {}
+
+    def _streams(self) -> list[str]:
+        from botocore.exceptions import ClientError
+
+        names: list[str] = []
+        kwargs: dict[str, Any] = {"logGroupName": LOG_GROUP, "logStreamNamePrefix": self.job_name + "/"}
+        try:
+            while True:
+                page = self.client.describe_log_streams(**kwargs)
+                names += [s["logStreamName"] for s in page.get("logStreams", [])]
+                if not page.get("nextToken"):
+                    break
+                kwargs["nextToken"] = page["nextToken"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
+                raise
+        return sorted(names)
+
+    def new_lines(self) -> Iterator[tuple[str, str]]:
+        """(host, message) for every event logged since the last call."""
+        for stream in self._streams():
+            while True:
+                kwargs: dict[str, Any] = {"logGroupName": LOG_GROUP, "logStreamName": stream, "startFromHead": True}
+                if self.tokens.get(stream):
+                    kwargs["nextToken"] = self.tokens[stream]
+                page = self.client.get_log_events(**kwargs)
+                for event in page.get("events", []):
+                    for line in event["message"].splitlines():
+                        yield _stream_host(stream), line
+                token = page.get("nextForwardToken")
+                done = token == self.tokens.get(stream) or not page.get("events")
+                self.tokens[stream] = token
+                if done:
+                    break
+
+
+def job_records(job_name: str, session: Any = None) -> list[dict[str, Any]]:
+    """The METRICS records of a SageMaker job, read from its CloudWatch log streams.
+
+    Lines are prefixed `[algo-N] ` as the local cluster prefixes them, so
+    `workshop.metrics.parse_lines` gives the same records (with `host` and `rank`) for a
+    SageMaker job as for a local run, and the same plots follow.
+    """
+    tail = _LogTail(job_name, aws.as_boto_session(session))
+    return parse_lines(f"[{host}] {line}" for host, line in tail.new_lines())
+
+
+def _result(job_name: str, boto: Any) -> JobResult:
+    description = boto.client("sagemaker").describe_training_job(TrainingJobName=job_name)
+    region = boto.region_name
+    return JobResult(
+        job_name=job_name,
+        status=description["TrainingJobStatus"],
+        final_metrics={m["MetricName"]: m["Value"] for m in description.get("FinalMetricDataList", [])},
+        model_artifact=description.get("ModelArtifacts", {}).get("S3ModelArtifacts"),
+        console_url=console_url(job_name, region),
+        region=region,
+        failure_reason=description.get("FailureReason"),
+        boto_session=boto,
+    )
+
+
+def _wait(job_name: str, boto: Any, logs: bool) -> None:
+    """Poll the job until it ends, printing its log lines as `[algo-N] ...`.
+
+    The workshop's own loop rather than the SDK's `TrainingJob.wait(logs=True)`, whose
+    CloudWatch client ignores the session's region (`sagemaker/core/utils/logs.py:
+    MultiLogStreamHandler` uses the default `CloudWatchLogsClient()`).
+    """
+    client = boto.client("sagemaker")
+    tail = _LogTail(job_name, boto) if logs else None
+    last = None
+    try:
+        while True:
+            description = client.describe_training_job(TrainingJobName=job_name)
+            status = description["TrainingJobStatus"]
+            secondary = description.get("SecondaryStatus")
+            if (status, secondary) != last:
+                say(f"{job_name}: {status}" + (f" ({secondary})" if secondary else ""))
+                last = (status, secondary)
+            if tail is not None:
+                for host, line in tail.new_lines():
+                    print(f"[{host}] {line}", flush=True)
+            if status in TERMINAL_STATUSES:
+                return
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        say(
+            f"stopped waiting; the job keeps running until it ends or max_run. Stop it with: "
+            f"aws sagemaker stop-training-job --training-job-name {job_name} --region {boto.region_name}"
+        )
+        raise
+
+
+def submit(trainer: ModelTrainer, inputs: Mapping[str, str], *, wait: bool = True, logs: bool = True) -> JobResult:
+    """Start the job with `inputs` (channel -> S3 URI) and, if `wait`, follow it to the end.
+
+    Returns a `JobResult` also for a failed job (its `status` and `failure_reason` say so);
+    raises WorkshopError when SageMaker refuses to create the job.
+    """
+    from botocore.exceptions import ClientError
+
+    channels = input_data(inputs)
+    boto = trainer.sagemaker_session.boto_session
+    say(f"creating the training job ({', '.join(f'{c}={u}' for c, u in inputs.items())})")
+    try:
+        trainer.train(input_data_config=channels, wait=False, logs=False)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        fix = {
+            "ResourceLimitExceeded": "request a quota increase for this instance type (Service Quotas, "
+            "'training job usage'), or use fewer or other instances.",
+            "AccessDeniedException": "allow sagemaker:CreateTrainingJob and iam:PassRole on the role.",
+            "ValidationException": "check the instance type, role and S3 URIs in the message.",
+        }.get(code, "see the message; `dry_run` shows the request that was sent.")
+        raise WorkshopError(f"SageMaker refused the job: {exc}", fix) from None
+    job_name = trainer._latest_training_job.training_job_name  # documented in ModelTrainer's docstring
+    say(f"job {job_name} created")
+    say(f"console: {console_url(job_name, boto.region_name)}")
+    say(f"logs:    {logs_url(job_name, boto.region_name)}")
+    if wait:
+        _wait(job_name, boto, logs)
+    result = _result(job_name, boto)
+    if result.status == "Failed":
+        say(f"job {job_name} FAILED: {result.failure_reason}")
+    elif wait:
+        metrics = ", ".join(f"{k}={v:g}" for k, v in result.final_metrics.items()) or "none reported"
+        say(f"job {job_name} {result.status}; final metrics: {metrics}; model: {result.model_artifact}")
+    return result

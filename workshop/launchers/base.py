@@ -1,0 +1,36 @@
+"""What every launcher inherits: no extra checks, nothing to prepare (see `workshop.spec.Launcher`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workshop.jobs import JobPlan, LauncherNotSupported, PrepStep
+from workshop.spec import Lab
+
+
+class LauncherBase:
+    """A launcher that runs on both runtimes and needs nothing beyond its `DistributedConfig`.
+
+    Subclasses give `name`, `local_config` and `sagemaker_config`, and override `check` (offline
+    checks of a job plan) and `prepare` (input channels, internet needs, set-up jobs) when they
+    need them. `on_sagemaker = False` marks a launcher that runs on the local cluster only.
+    """
+
+    name = "launcher"
+    on_sagemaker = True
+
+    def local_config(self, lab: Lab, procs_per_host: int | None) -> Any:
+        raise NotImplementedError
+
+    def sagemaker_config(self, plan: JobPlan) -> Any:
+        raise LauncherNotSupported(f"The {self.name} launcher cannot start SageMaker jobs.",
+                                   "run the lab with mode = 'local'.")
+
+    def check(self, plan: JobPlan) -> JobPlan:
+        return plan
+
+    def prepare(self, plan: JobPlan, bucket: str, boto: Any) -> tuple[JobPlan, list[PrepStep]]:
+        return plan, []
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

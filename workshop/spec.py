@@ -1,0 +1,224 @@
+"""What a lab is: one `Lab` spec object, plus its folder. The vocabulary every layer shares.
+
+A lab is its top-level folder (`<N>_<name>/`, with `code/` as the SageMaker `source_dir`) and a
+`lab.py` in that folder that defines `LAB = Lab(...)` (or `LABS = [...]` when one folder holds
+several scripts, as lab 2 does). `workshop.labs` finds them. The spec names:
+
+- the **launcher** (`workshop.launchers`): the one object that gives both runtimes their SDK
+  `DistributedConfig` and the SageMaker job what else it needs (checks, channels, set-up jobs);
+- the **data source** (`workshop.datasets`): how its channels are prepared locally, where they
+  live in S3 and how they get there;
+- local defaults (hosts, processes, small hyperparameters) and SageMaker defaults, one
+  `SageMakerDefaults` per route (lab 4 has two: plain FSDP and the SMP image);
+- the metrics its script prints, and optionally `sagemaker_check`, the lab's own offline check
+  of a job plan (e.g. lab 4: no activation offloading on an instance without a GPU).
+
+This module knows no particular lab, launcher or data source; the protocols below say what a
+launcher and a data source provide. `CONTRIBUTING.md` walks through adding a lab.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+from workshop import REPO_ROOT
+from workshop.errors import WorkshopError
+
+
+class Launcher(Protocol):
+    """How a lab's processes are started, the same way in both runtimes (see `workshop.launchers`)."""
+
+    name: str
+
+    def local_config(self, lab: Lab, procs_per_host: int | None) -> Any:
+        """The SDK `DistributedConfig` the local cluster runs (checks the layout first)."""
+
+    def sagemaker_config(self, plan: Any) -> Any:
+        """The SDK `DistributedConfig` of the SageMaker job for a `workshop.jobs.JobPlan`."""
+
+    def check(self, plan: Any) -> Any:
+        """Offline checks of a job plan; returns the plan (with notes added, if any)."""
+
+    def prepare(self, plan: Any, bucket: str, boto: Any) -> tuple[Any, list[Any]]:
+        """Once the bucket is known (`boto` None in a dry run: look nothing up): the plan with the
+        launcher's input channels and internet needs, and the `workshop.jobs.PrepStep`s to run."""
+
+
+class Channels(Protocol):
+    """Prepared input channels: their folders, and the training set's size for the scripts' checks."""
+
+    @property
+    def dirs(self) -> dict[str, Path]: ...
+
+    n_train: int
+
+
+class DataSource(Protocol):
+    """A lab's input data (see `workshop.datasets`)."""
+
+    name: str
+    channels: tuple[str, ...]  # the input channels' names, e.g. ("train", "test")
+    default_dir: Path
+
+    def prepare(self, directory: str | Path | None = None) -> Channels:
+        """Write the channels into `directory` (default: `default_dir`); idempotent."""
+
+    def prepared(self, directory: str | Path | None = None) -> Channels | None:
+        """The channels already in `directory`, or None (nothing is written)."""
+
+    def s3_prefix(self, user: str | None = None, key_prefix: str | None = None) -> str:
+        """The S3 key prefix of the channels: one copy per user, under the SDK's key prefix."""
+
+    def upload(self, channels: Channels, bucket: str, boto: Any, key_prefix: str | None = None) -> dict[str, str]:
+        """Upload the channels once (unchanged files are skipped) under `s3_prefix(key_prefix=...)`;
+        channel -> S3 URI."""
+
+
+@dataclass(frozen=True)
+class SageMakerDefaults:
+    """How a lab runs on SageMaker (one route of it) unless the caller says otherwise."""
+
+    framework: str  # image family for sagemaker.core.image_uris.retrieve
+    framework_version: str
+    py_version: str
+    instance_type: str
+    instance_count: int
+    procs_per_host: int | None = None  # None: one per GPU (the launcher's own default)
+    max_run_s: int = 3600
+    volume_size_gb: int = 30
+    container_version: str | None = None  # only the SMP images need it (e.g. "cu124")
+    # The only instance types the route can use (empty: any SageMaker training type): plan_job
+    # refuses others, and preflight suggests nothing else when the quota is short.
+    instance_types: tuple[str, ...] = ()
+    route: str = "default"  # the name `route=` / `--route` selects it by
+    description: str = ""
+    # The fix to show when this route's image is past its end of patch (None: the generic one).
+    unsupported_image_fix: str | None = None
+
+
+@dataclass(frozen=True)
+class Lab:
+    key: str  # short name used on the command line
+    folder: str  # top-level folder, e.g. "3_data_parallel" (absolute: a folder elsewhere)
+    title: str
+    strategy: str
+    launcher: Launcher
+    data: DataSource
+    entry_script: str = "train.py"
+    local_hosts: int = 2
+    local_procs_per_host: int = 1
+    # Hyperparameters for the local default run (small and fast; the script's own
+    # defaults are the SageMaker-sized ones).
+    local_hyperparameters: dict[str, Any] = field(default_factory=dict)
+    # The metric the summary table reports, as printed by the script (see workshop.metrics).
+    accuracy_metric: str = "test_accuracy"
+    # Metrics the script prints (rank 0's lines); SageMaker charts these.
+    metrics: tuple[str, ...] = ("train_loss", "test_loss", "test_accuracy", "samples_per_sec")
+    sagemaker: SageMakerDefaults | None = None  # the default route
+    routes: tuple[SageMakerDefaults, ...] = ()  # other routes, chosen by name
+    # The lab's own offline check of a `workshop.jobs.JobPlan` (returns it), after the launcher's.
+    sagemaker_check: Callable[[Any], Any] | None = None
+    aliases: tuple[str, ...] = ()
+    # Names that select this lab together with its siblings in the same folder (lab 2 has a
+    # PyTorch and a TensorFlow script): `python -m workshop run 2_horovod` runs both.
+    group_aliases: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The folder, and the script when it is not the usual `train.py` (lab 2 has two)."""
+        return self.folder_name if self.entry_script == "train.py" else f"{self.folder_name} ({Path(self.entry_script).stem})"
+
+    @property
+    def folder_name(self) -> str:
+        return Path(self.folder).name
+
+    @property
+    def path(self) -> Path:
+        return REPO_ROOT / self.folder
+
+    @property
+    def source_dir(self) -> Path:
+        """The lab's `code/` folder: its SageMaker `source_dir`, uploaded as is."""
+        return self.path / "code"
+
+    @property
+    def entry_path(self) -> Path:
+        return self.source_dir / self.entry_script
+
+    def sagemaker_route(self, route: str | None = None) -> SageMakerDefaults:
+        """The SageMaker defaults of `route` (None: the default route)."""
+        if self.sagemaker is None:
+            raise WorkshopError(f"Lab {self.key!r} has no SageMaker settings.", "run it with mode = 'local'.")
+        if route is None or route == self.sagemaker.route:
+            return self.sagemaker
+        for defaults in self.routes:
+            if defaults.route == route:
+                return defaults
+        names = ", ".join(d.route for d in (self.sagemaker, *self.routes))
+        raise WorkshopError(f"Lab {self.key!r} has no SageMaker route {route!r}; its routes: {names}.",
+                            f"pass route={self.sagemaker.route!r} (the default; CLI: drop --route) or another of those.")
+
+    def distributed_config(self, procs_per_host: int | None = None) -> Any:
+        """The SDK v3 `distributed=` config the local cluster runs for this lab (its launcher's)."""
+        return self.launcher.local_config(self, procs_per_host)
+
+    def load_script(self) -> ModuleType:
+        """Import the entry script as a module (without running its `main`)."""
+        spec = importlib.util.spec_from_file_location(f"_workshop_lab_{self.key}", self.entry_path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    def validate_hyperparameters(
+        self, hyperparameters: Mapping[str, Any], world_size: int = 1, train_samples: int | None = None
+    ) -> Any:
+        """Parse the hyperparameters with the script's own argument parser.
+
+        The script is the one source of truth for its flags and their types, so a typo
+        or a non-numeric value fails here, before any process starts or anything is
+        spent, with argparse's message. Scripts may also define `check_args(args,
+        world_size)` for checks that depend on the cluster's size.
+        """
+        script = self.load_script()
+        argv = hyperparameters_to_argv(hyperparameters)
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr):
+                parser = script.build_parser()
+                parser.prog = self.entry_script
+                args = parser.parse_args(argv)
+        except SystemExit as exc:
+            message = stderr.getvalue().strip().splitlines()
+            detail = message[-1] if message else f"exit status {exc.code}"
+            raise WorkshopError(
+                f"Invalid hyperparameters for lab {self.key!r} ({shlex.join(argv)}): {detail}",
+                f"see `python {self.folder}/code/{self.entry_script} --help` for every flag and its type.",
+            ) from None
+        check = getattr(script, "check_args", None)
+        if check is not None:
+            try:
+                check(args, world_size, train_samples=train_samples)
+            except ValueError as exc:
+                raise WorkshopError(f"Invalid hyperparameters for lab {self.key!r}: {exc}") from None
+        return args
+
+
+def hyperparameters_to_argv(hyperparameters: Mapping[str, Any]) -> list[str]:
+    """`{"epochs": 3}` -> `["--epochs", "3"]`, the way SDK v3's drivers pass them.
+
+    Strings pass as they are and everything else as JSON (SDK v3:
+    `container_drivers/common/utils.py: hyperparameters_to_cli_args`).
+    """
+    argv: list[str] = []
+    for key, value in hyperparameters.items():
+        argv += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+    return argv

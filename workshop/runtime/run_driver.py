@@ -10,7 +10,8 @@ The local cluster does the same with this wrapper, which changes exactly two thi
    (`container_drivers/common/utils.py: FAILURE_FILE`). Here it goes to `SM_OUTPUT_FAILURE`,
    inside the host's sandbox.
 2. The local cluster stops a host by signalling its process group. A SIGTERM that reaches
-   only this process (the parent died and the kernel sent PR_SET_PDEATHSIG) is forwarded to
+   only this process (the parent died and the kernel sent PR_SET_PDEATHSIG, which this process
+   asks for first thing: `hostns.die_with_parent_from_start`) is forwarded to
    the whole group, so the launcher the driver started (torchrun, mpirun) shuts its workers
    down instead of being orphaned. Launchers start their workers in sessions of their own, and
    one signalled while it is still starting them may not know them yet (torchrun, between
@@ -67,6 +68,9 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m workshop.runtime.run_driver DRIVER_SCRIPT")
     driver = Path(argv[0]).resolve()
     signal.signal(signal.SIGTERM, forward_sigterm)
+    from workshop.runtime.hostns import die_with_parent_from_start
+
+    die_with_parent_from_start(signal.SIGTERM)  # as the local cluster's preexec_fn once did
     drivers_root = driver.parent.parent  # the drivers import `common.utils` from here
     sys.path.insert(0, str(drivers_root))
     failure_file = os.environ.get("SM_OUTPUT_FAILURE")

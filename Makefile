@@ -2,6 +2,7 @@
 #
 #   make workshop   set up, then run every lab locally and print a summary  (the main job)
 #   make test       set up, then run every test (lint, unit, notebooks)     (what CI runs)
+#   make test-fast  set up, then lint and every test that starts no training (no notebooks; under 2 minutes)
 #   make lab        set up, register the Jupyter kernel, start JupyterLab
 #   make bench      set up, then run the benchmarks (prints tables, writes images/)
 #   make bench-strategies  set up, then PS vs Horovod vs DDP vs FSDP side by side (about 12 minutes)
@@ -17,7 +18,7 @@ STAMP := $(VENV)/.setup-done
 KERNEL_NAME := distributed-training-workshop
 PYTEST_ARGS ?=
 
-.PHONY: setup workshop test lab bench bench-allreduce bench-strategies horovod clean
+.PHONY: setup workshop test test-fast lab bench bench-allreduce bench-strategies horovod clean
 
 setup: $(STAMP)
 
@@ -42,6 +43,12 @@ test: setup
 	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
 	$(BIN)/python -m pytest tests $(wildcard [0-9]_*/*.ipynb) --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=900 --timeout=1800 $(PYTEST_ARGS)
+
+# The tests that start no training process (tests marked slow and the notebooks left out); a test
+# that is not marked slow and starts training fails (the guard in tests/conftest.py).
+test-fast: setup
+	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
+	$(BIN)/python -m pytest tests -m "not slow" --timeout=300 $(PYTEST_ARGS)
 
 lab: setup
 	$(BIN)/python -m ipykernel install --user --name $(KERNEL_NAME) --display-name "Python (distributed training workshop)"

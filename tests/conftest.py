@@ -1,9 +1,20 @@
-"""Shared fixtures: the MNIST subset once per session, and no data downloads in tests."""
+"""Shared fixtures: the MNIST subset once per session, no data downloads, AWS isolated (moto, no
+credentials), and the guard that keeps training out of the fast tier.
+
+Test tiers: a test that starts a training process is marked `@pytest.mark.slow`; nothing else is.
+`make test-fast` runs `pytest tests -m "not slow"` (no training, no notebooks); `make test` runs
+everything, notebooks included. The guard below fails a test that is not marked slow and starts
+training anyway, so the tiers cannot drift apart.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +25,10 @@ from workshop import REPO_ROOT
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROBE_CODE = FIXTURES / "probe"
+REGION = "us-east-1"
+
+
+# --------------------------------------------------------------------------- data
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +49,71 @@ def channels(mnist_dir) -> dict[str, Path]:
 @pytest.fixture(autouse=True)
 def _offline_mnist(monkeypatch):
     monkeypatch.setenv("WORKSHOP_MNIST_SOURCE", os.environ.get("WORKSHOP_MNIST_SOURCE", "subset"))
+
+
+def repo_path(*parts: str) -> Path:
+    return REPO_ROOT.joinpath(*parts)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sdk_config_schema_checked_once() -> Iterator[None]:
+    """Speed only: `jsonschema.validate` checks the *schema* against its metaschema on every call
+    before validating the instance, and the SageMaker SDK validates its config with the same
+    constant schema on every config lookup (dozens per dry run: most of a dry run's time). Each
+    distinct schema is checked once per session here; every instance is still validated, with the
+    same result and errors as `jsonschema.validate` (whose body this is)."""
+    import json
+
+    import jsonschema
+    from jsonschema import exceptions, validators
+
+    checked: set[tuple[Any, str]] = set()
+
+    def validate(instance: Any, schema: Any, cls: Any = None, *args: Any, **kwargs: Any) -> None:
+        if cls is None:
+            cls = validators.validator_for(schema)
+        key = (cls, json.dumps(schema, sort_keys=True, default=repr))
+        if key not in checked:
+            cls.check_schema(schema)
+            checked.add(key)
+        error = exceptions.best_match(cls(schema, *args, **kwargs).iter_errors(instance))
+        if error is not None:
+            raise error
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(jsonschema, "validate", validate)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _botocore_models_loaded_once() -> Iterator[None]:
+    """Speed only: botocore caches the service models it parses (multi-megabyte JSON files) per
+    session, and the tests, the SDK and moto make hundreds of sessions, so the same files are
+    parsed again and again. Loaders with the same class, search paths and extras share that cache
+    here, as every client of one botocore session already shares its models."""
+    from botocore.loaders import Loader
+
+    shared: dict[tuple[Any, ...], Any] = {}
+
+    def sharing(name: str) -> Any:
+        real = getattr(Loader, name)
+
+        def method(self: Loader, *args: Any, **kwargs: Any) -> Any:
+            key = (name, type(self), tuple(self.search_paths), tuple(self.extras_types), args,
+                   tuple(sorted(kwargs.items())))
+            if key not in shared:
+                shared[key] = real(self, *args, **kwargs)
+            return shared[key]
+
+        return method
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("load_service_model", "load_data_with_path"):
+            mp.setattr(Loader, name, sharing(name))
+        yield
+
+
+# --------------------------------------------------------------------------- AWS, isolated
 
 
 def isolate_aws(mp: pytest.MonkeyPatch, tmp: Path, user: str) -> None:
@@ -57,12 +137,8 @@ def isolate_aws(mp: pytest.MonkeyPatch, tmp: Path, user: str) -> None:
     mp.setattr(aws, "NOTEBOOK_METADATA_FILE", str(tmp / "no-such-metadata.json"))
 
 
-def repo_path(*parts: str) -> Path:
-    return REPO_ROOT.joinpath(*parts)
-
-
 @contextlib.contextmanager
-def strict_moto(mp: pytest.MonkeyPatch, tmp: Path, user: str, region: str = "us-east-1") -> Iterator[Any]:
+def strict_moto(mp: pytest.MonkeyPatch, tmp: Path, user: str, region: str = REGION) -> Iterator[Any]:
     """moto with throwaway credentials, and the AWS APIs it lacks (IAM's policy simulator,
     StopTrainingJob) from fake_aws_apis; yields a boto3 session. Nothing of the caller's AWS."""
     import boto3
@@ -81,13 +157,47 @@ def strict_moto(mp: pytest.MonkeyPatch, tmp: Path, user: str, region: str = "us-
         fake_aws_apis.uninstall()
 
 
+@pytest.fixture
+def aws_user() -> str:
+    """The workshop user (`WORKSHOP_USER`) the AWS fixtures set; a module overrides it by
+    defining a fixture of the same name."""
+    return "Alice Example"
+
+
+@pytest.fixture
+def no_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, aws_user: str) -> None:
+    """`isolate_aws` for one test: no credentials from anywhere, empty AWS and SDK config."""
+    isolate_aws(monkeypatch, tmp_path, aws_user)
+
+
+@pytest.fixture
+def moto_session(no_aws: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Plain moto (`mock_aws`) with throwaway credentials and region us-east-1, after `no_aws`;
+    yields a boto3 session. (moto alone: IAM's simulator and StopTrainingJob are missing.)"""
+    import boto3
+    from moto import mock_aws
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    with mock_aws():
+        yield boto3.Session(region_name=REGION)
+
+
+@pytest.fixture
+def strict_moto_session(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, aws_user: str) -> Iterator[Any]:
+    """`strict_moto` for one test (moto plus fake_aws_apis; the SDK's role validation stays on)."""
+    with strict_moto(monkeypatch, tmp_path, aws_user, REGION) as session:
+        yield session
+
+
 def service_quota(name: str, value: float, code: str) -> dict[str, Any]:
     """One entry of Service Quotas' ListServiceQuotas for SageMaker."""
     return {"ServiceCode": "sagemaker", "ServiceName": "Amazon SageMaker", "QuotaCode": code,
             "QuotaName": name, "Value": value, "Unit": "None", "Adjustable": True, "GlobalQuota": False}
 
 
-def quota_client(quotas: list[dict[str, Any]], region: str = "us-east-1") -> Any:
+def quota_client(quotas: list[dict[str, Any]], region: str = REGION) -> Any:
     """A Service Quotas client answering ListServiceQuotas once with `quotas`, from botocore's
     Stubber (moto 5.2.5 does not implement it; the Stubber checks the shape against the model)."""
     import boto3
@@ -98,3 +208,189 @@ def quota_client(quotas: list[dict[str, Any]], region: str = "us-east-1") -> Any
     stub.add_response("list_service_quotas", {"Quotas": quotas}, {"ServiceCode": "sagemaker"})
     stub.activate()
     return client
+
+
+# --------------------------------------------------------------------------- test tiers: the guard
+
+SLOW_FIX = "mark it @pytest.mark.slow"
+# Launchers, by program name: each starts training ranks.
+_LAUNCHERS = {"torchrun", "horovodrun", "mpirun", "mpiexec", "orterun"}
+# `python -m MODULE [first argument]`: (module, first argument or None for any).
+_TRAINING_MODULES = {
+    ("workshop", "run"): "python -m workshop run (a lab on the local cluster)",
+    ("workshop.runtime.run_driver", None): "a local-cluster host (process runtime)",
+    ("workshop.runtime.hostns", "host"): "a local-cluster host (container runtime)",
+    ("torch.distributed.run", None): "torchrun",
+    ("torch.distributed.launch", None): "torch.distributed.launch",
+    ("horovod.runner.launch", None): "horovodrun",
+    ("ipykernel_launcher", None): "a Jupyter kernel (a notebook)",
+    ("ipykernel", None): "a Jupyter kernel (a notebook)",
+}
+# Asking a program about itself is not training.
+_INFO_FLAGS = {"--help", "-h", "--version", "--check-build"}
+# `python -c CODE` that starts the local cluster or the fake SageMaker in the child.
+_TRAINING_CODE = re.compile(r"\b(LocalCluster|run_local|run_on_sagemaker|fake_sagemaker)\b")
+_PYTHON = re.compile(r"python(\d+(\.\d+)*)?$")
+
+
+class TrainingInFastTest(RuntimeError):
+    """Raised where a test not marked slow starts a training process."""
+
+
+def training_launch(args: Any, shell: bool = False) -> str | None:
+    """What training process the command `args` (as subprocess.Popen takes it) starts, or None."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        text = os.fsdecode(args)
+        return _shell_launch(text) if shell else _argv_launch([text])
+    return _argv_launch([os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in args])
+
+
+def _shell_launch(text: str) -> str | None:
+    """Each command of a shell line (split at `;`, `&&`, `|`, ...)."""
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError:
+        tokens = text.split()
+    command: list[str] = []
+    for token in [*tokens, ";"]:
+        if token and set(token) <= set("();&|<>"):
+            found = _argv_launch(command)
+            if found:
+                return found
+            command = []
+        else:
+            command.append(token)
+    return None
+
+
+def _argv_launch(argv: list[str]) -> str | None:
+    while argv and (argv[0] in ("exec", "env", "nohup") or re.match(r"^\w+=", argv[0])):
+        argv = argv[1:]  # `FOO=1 python ...`, `exec python ...`
+    if not argv:
+        return None
+    program, rest = Path(argv[0]).name, argv[1:]
+    if _INFO_FLAGS & set(rest):
+        return None
+    if program in _LAUNCHERS:
+        return program
+    if program in ("bash", "sh") and "-c" in rest[:-1]:
+        return _shell_launch(rest[rest.index("-c") + 1])
+    if any(a.endswith("sm_train.sh") for a in argv):
+        return "sm_train.sh (a SageMaker host)"
+    if not (_PYTHON.match(program) or argv[0] == sys.executable):
+        return None
+    i = 0
+    while i < len(rest) and rest[i].startswith("-") and rest[i] not in ("-m", "-c", "-"):
+        i += 2 if rest[i] in ("-W", "-X", "--check-hash-based-pycs") else 1  # interpreter options
+    if i >= len(rest):
+        return None
+    if rest[i] == "-c":
+        code = rest[i + 1] if i + 1 < len(rest) else ""
+        return "python -c with the local cluster or the fake SageMaker" if _TRAINING_CODE.search(code) else None
+    if rest[i] == "-m":
+        module, first = (rest[i + 1:i + 2] or [""])[0], (rest[i + 2:i + 3] or [None])[0]
+        return _TRAINING_MODULES.get((module, first)) or _TRAINING_MODULES.get((module, None))
+    script = Path(rest[i])
+    if re.match(r"(train.*|bench_.*)\.py$", script.name):
+        return f"python {script.name}"
+    if script.parent.name == "workers" and script.parent.parent.name == "benchmarks":
+        return f"a benchmark worker ({script.name})"
+    if script.name == "measure.py" and re.match(r"\d_", script.parent.name):
+        return f"a lab's measurement grid ({script.parent.name}/measure.py)"
+    if script.parent.name == "code" and re.match(r"\d_", script.parent.parent.name):
+        return f"a lab script ({script.parent.parent.name}/code/{script.name})"
+    return None
+
+
+@contextlib.contextmanager
+def _training_guard(item: pytest.Item) -> Iterator[None]:
+    """Around each phase (set-up, call, tear-down) of a test NOT marked slow: starting a training
+    process fails the test, with the fix ("mark it @pytest.mark.slow").
+
+    What counts as starting training (checked in this process, where the test runs):
+
+    - the local cluster starting its hosts: `workshop.runtime.local_cluster._Run._start`, which
+      every `LocalCluster.run` reaches once its checks passed, so `run_local`, the fake
+      SageMaker's jobs and lab 4's `measure` too (a run refused by its checks starts nothing and
+      stays fast);
+    - any `subprocess.Popen` (so `subprocess.run`, `check_output`, psutil.Popen and asyncio's
+      subprocesses too) whose command `training_launch` recognises: torchrun, horovodrun,
+      mpirun/mpiexec; python running a `train*.py`, a `bench_*.py`, a benchmark worker or a lab's
+      `code/` script; `python -m workshop run`, `4_model_parallel/measure.py`, the
+      local cluster's host commands (`-m workshop.runtime.run_driver`,
+      `-m workshop.runtime.hostns host`), `-m torch.distributed.run`, a Jupyter kernel
+      (`-m ipykernel_launcher`: notebooks); `sm_train.sh`; `python -c` code that names
+      LocalCluster, run_local, run_on_sagemaker or fake_sagemaker;
+    - not: a command that only asks about itself (`--help`, `-h`, `--version`, `--check-build`),
+      other subprocesses (`python -m workshop.datasets`, `python -c` probes, bash, compilers),
+      nor processes started without subprocess.Popen (multiprocessing, os.fork/os.spawn*).
+
+    Raising alone could be swallowed (`pytest.raises(Exception)`, a job runner that turns errors
+    into a failed job), so each attempt is also recorded and the phase fails afterwards anyway.
+    A hook wrapper, not an autouse fixture: module- and session-scoped fixtures that train are
+    set up before any function-scoped fixture, and are caught here too.
+    """
+    if item.get_closest_marker("slow"):
+        yield
+        return
+    from workshop.runtime import local_cluster
+
+    violations: list[str] = []  # this phase's
+
+    def refuse(what: str) -> None:
+        message = (f"{item.nodeid} is not marked slow but starts a training process ({what}): "
+                   f"{SLOW_FIX} (see the guard in tests/conftest.py)")
+        violations.append(message)
+        raise TrainingInFastTest(message)
+
+    real_init = subprocess.Popen.__init__
+
+    def guarded_init(self: subprocess.Popen, args: Any, *a: Any, **kw: Any) -> None:
+        what = training_launch(args, shell=bool(kw.get("shell")))
+        if what:
+            refuse(what)
+        real_init(self, args, *a, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess.Popen, "__init__", guarded_init)
+        run_class = getattr(local_cluster, "_Run", None)
+        if hasattr(run_class, "_start"):  # if renamed, the Popen check still sees the hosts' commands
+            mp.setattr(run_class, "_start", lambda self, *a, **k: refuse("a LocalCluster run starting its hosts"))
+        try:
+            yield
+        except TrainingInFastTest:
+            raise
+        except BaseException:
+            if violations:  # the refusal was swallowed, and something else failed
+                pytest.fail("\n".join(violations), pytrace=False)
+            raise
+    if violations:  # the refusal was swallowed
+        pytest.fail("\n".join(violations), pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    with _training_guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    with _training_guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Any:
+    with _training_guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Notebooks (nbval's items, `*.ipynb`) run the labs: they are slow."""
+    for item in items:
+        if str(item.path).endswith(".ipynb"):
+            item.add_marker(pytest.mark.slow)

@@ -707,7 +707,8 @@ def _tar_gz(folder: Path) -> bytes:
 def _failure_text(result: Any) -> str:
     """The driver's failure file (what SageMaker reports) of the host that failed first, else
     the local cluster's own report."""
-    failed_first = re.match(r"Host (\S+) failed", result.failure or "")
+    # The report's first line names the rank that failed first; a line of its own, its host.
+    failed_first = re.search(r"^Host (\S+) failed", result.failure or "", re.MULTILINE)
     hosts = sorted(result.hosts, key=lambda h: (not failed_first or h.name != failed_first.group(1), h.host_rank))
     for host in hosts:
         text = _read_text(host.sandbox.failure_file).strip()

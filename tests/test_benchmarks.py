@@ -57,6 +57,7 @@ def test_the_published_smp_throughput_lies_inside_the_planners_spread() -> None:
         assert 0 < r["implied_gbps"] <= 100
 
 
+@pytest.mark.slow
 def test_allreduce_microbenchmark_counts_the_ring_volume(tmp_path: Path) -> None:
     proc = run("bench_allreduce.py", "--ranks", "2", "--max-mib", "1", "--out-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

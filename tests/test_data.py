@@ -400,23 +400,10 @@ def test_full_replaces_a_damaged_cached_file(
 
 
 @pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    pytest.importorskip("moto")
-    import boto3
-    from moto import mock_aws
-
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    with mock_aws():
-        session = boto3.Session(region_name="us-east-1")
-        session.client("s3").create_bucket(Bucket="workshop-bucket")
-        yield session
+def s3(moto_session: object) -> object:
+    """conftest's moto_session (no credentials or AWS config of the caller) with one bucket."""
+    moto_session.client("s3").create_bucket(Bucket="workshop-bucket")  # type: ignore[attr-defined]
+    return moto_session
 
 
 def test_upload_channels_uploads_once(

@@ -7,15 +7,12 @@ fake writes are parsed by botocore against its own service models, as a real ans
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import boto3
 import fake_aws_apis
 import pytest
 from botocore.exceptions import ClientError
-from conftest import strict_moto
 from moto import mock_aws
 
 REGION = "us-east-1"
@@ -23,9 +20,14 @@ ACCOUNT = "123456789012"  # moto's
 
 
 @pytest.fixture
-def boto(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
-    with strict_moto(monkeypatch, tmp_path, "alice", REGION) as session:
-        yield session
+def aws_user() -> str:
+    return "alice"
+
+
+@pytest.fixture
+def boto(strict_moto_session: Any) -> Any:
+    """conftest's strict_moto_session: moto plus fake_aws_apis."""
+    return strict_moto_session
 
 
 def _doc(*statements: dict[str, Any]) -> str:

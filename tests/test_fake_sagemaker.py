@@ -14,18 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PROBE_CODE, isolate_aws
-
-pytestmark = pytest.mark.slow
+from conftest import PROBE_CODE
 
 IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.9-cpu-py312"
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+def aws_user() -> str:
+    return "alice"
+
+
+@pytest.fixture
+def fake(no_aws: None, tmp_path: Path):
     import fake_sagemaker
 
-    isolate_aws(monkeypatch, tmp_path, "alice")
     with fake_sagemaker.FakeSageMaker(workdir=tmp_path / "fake", start_skew_s=3.0) as running:
         yield running
 
@@ -76,6 +78,7 @@ def rank_env(fake: Any, rank: int) -> dict[str, Any]:
     return json.loads(found[0].read_text())
 
 
+@pytest.mark.slow
 def test_hosts_run_the_sdks_sm_train_sh_as_algo_n(fake: Any) -> None:
     described = train(fake, PROBE_CODE)
     run = fake.jobs[-1]
@@ -96,6 +99,7 @@ def test_hosts_run_the_sdks_sm_train_sh_as_algo_n(fake: Any) -> None:
     assert any("starting 3 s after the first host" in line for line in lines["algo-2"])
 
 
+@pytest.mark.slow
 def test_a_vpc_without_a_route_out_has_no_pypi(fake: Any, tmp_path: Path) -> None:
     """The workshop's endpoints-only VPC: a job that installs requirements fails as on SageMaker,
     where pip cannot reach PyPI; with a NAT gateway the job has the internet."""

@@ -19,8 +19,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from conftest import isolate_aws, quota_client, service_quota
-from moto import mock_aws
+from conftest import quota_client, service_quota
 
 from workshop import REPO_ROOT, account, cloud, runner
 from workshop import jobs as sj
@@ -33,19 +32,20 @@ ACCOUNT = "123456789012"
 USER = "alice"
 
 
+@pytest.fixture
+def aws_user() -> str:
+    return USER
+
+
 @pytest.fixture(autouse=True)
-def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate_aws(monkeypatch, tmp_path, USER)
+def isolated(no_aws: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cloud.network, "POLL_S", 0.01)
 
 
 @pytest.fixture
-def boto(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    with mock_aws():
-        yield boto3.Session(region_name=REGION)
+def boto(moto_session: Any) -> Any:
+    """Plain moto (conftest's moto_session)."""
+    return moto_session
 
 
 def tagged_leftovers(boto: Any) -> list[str]:

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
 import fake_aws_apis
 import pytest
-from conftest import isolate_aws, strict_moto
 
 from workshop import account, cloud
 from workshop import jobs as sj
@@ -39,11 +37,15 @@ IMAGE = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/workshop-test:1"
 
 
 @pytest.fixture
-def boto(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
+def aws_user() -> str:
+    return USER
+
+
+@pytest.fixture
+def boto(strict_moto_session: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """moto with the simulator, credentials and a region; no SAGEMAKER_VALIDATE_ROLE anywhere."""
     monkeypatch.setattr(cloud.network, "POLL_S", 0.01)
-    with strict_moto(monkeypatch, tmp_path, USER, REGION) as session:
-        yield session
+    return strict_moto_session
 
 
 def _trainer(role_arn: str, **kwargs: Any) -> Any:
@@ -140,9 +142,7 @@ def test_preflight_simulates_the_callers_permissions_and_reports_what_is_missing
 
 
 def test_user_prefixes_of_names_sharing_a_long_prefix_stay_distinct(monkeypatch: pytest.MonkeyPatch,
-                                                                   tmp_path: Path) -> None:
-    isolate_aws(monkeypatch, tmp_path, USER)
-
+                                                                   no_aws: None) -> None:
     def prefix(name: str) -> str:
         monkeypatch.setenv(aws.USER_ENV, name)
         return aws.user_prefix()

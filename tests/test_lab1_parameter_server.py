@@ -122,6 +122,7 @@ def run(tmp_path, channels, name, **kw):
     return run_local(LAB, workdir=tmp_path / name, data_dir=channels["train"].parent, echo=False, **kw)
 
 
+@pytest.mark.slow
 def test_three_hosts_reach_the_accuracy_bar_with_variables_on_the_ps(tmp_path, channels):
     result = run(tmp_path, channels, "run")
     assert [h.returncode for h in result.hosts] == [0, 0, 0]
@@ -166,21 +167,23 @@ def processes_with_marker_in(result) -> list:
 
 
 def _find(cluster_workdir, role: str, host: str, timeout: float = 120):
-    """The `--role ROLE` process of `host`, once the coordinator has reported its first steps."""
+    """The process of `host` whose TF_CONFIG task is `role`, once the coordinator has reported its
+    first steps (the driver passes no role flag: a host's two processes differ only in TF_CONFIG)."""
     deadline = time.monotonic() + timeout
     log = cluster_workdir / "logs" / "algo-1.log"
     while time.monotonic() < deadline:
         if log.is_file() and "METRICS rank=0 step=" in log.read_text(errors="replace"):
             for p in psutil.process_iter(["pid"]):
                 try:
-                    cmd = p.cmdline()
+                    env = p.environ()
+                    task = json.loads(env.get("TF_CONFIG") or "{}").get("task", {})
                     # The host a process runs on: SM_CURRENT_HOST (its cwd is the container's
                     # /opt/ml/input/data/code on every host of the container runtime).
-                    if ("--role" in cmd and cmd[cmd.index("--role") + 1] == role
-                            and p.environ().get("SM_CURRENT_HOST") == host
-                            and str(cluster_workdir) in p.environ().get("SM_MODEL_DIR", "") + str(_sandbox_of(p))):
+                    if (task.get("type") == role
+                            and env.get("SM_CURRENT_HOST") == host
+                            and str(cluster_workdir) in env.get("SM_MODEL_DIR", "") + str(_sandbox_of(p))):
                         return p
-                except (psutil.NoSuchProcess, psutil.AccessDenied, OSError, IndexError):
+                except (psutil.NoSuchProcess, psutil.AccessDenied, OSError, ValueError, AttributeError):
                     continue
         time.sleep(0.2)
     raise AssertionError(f"no {role} process on {host} in training")
@@ -217,6 +220,7 @@ def _run_and_kill(tmp_path, channels, role, host, hps):
     return out["result"], time.monotonic() - killed_at
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_training_does_not_stop_the_job(tmp_path, channels):
     result, _ = _run_and_kill(tmp_path, channels, "worker", "algo-2", {"steps": 400, "log-interval": 25})
     assert result.ok, result.failure
@@ -228,15 +232,18 @@ def test_a_worker_killed_mid_training_does_not_stop_the_job(tmp_path, channels):
     assert not processes_with_marker_in(result)
 
 
+@pytest.mark.slow
 def test_losing_the_coordinator_fails_the_job_fast(tmp_path, channels):
     result, after_kill_s = _run_and_kill(tmp_path, channels, "chief", "algo-1", {"steps": 2000, "log-interval": 25})
     assert not result.ok
     assert "Host algo-1 failed" in result.failure
+    assert result.failure.splitlines()[0] == "Rank 0 on algo-1 (the coordinator) was killed by SIGKILL (signal 9).", result.failure
     assert after_kill_s < 30  # not the 2,000 steps, not max_run
     assert not processes_with_marker_in(result)
     assert (result.hosts[0].sandbox.failure_file).is_file()
 
 
+@pytest.mark.slow
 def test_resumes_from_its_checkpoint(tmp_path, channels):
     store = tmp_path / "checkpoints"  # stands in for the job's checkpoint S3 URI
     run(tmp_path, channels, "a", hyperparameters={"steps": 50, "log-interval": 50}, checkpoint_dir=store)

@@ -35,6 +35,7 @@ def run_script(cmd: list[str], tmp_path: Path, channels, extra: dict, env: dict 
                           env=env or None)
 
 
+@pytest.mark.slow
 def test_runs_alone_with_no_launcher(tmp_path, channels):
     proc = run_script([sys.executable], tmp_path, channels, QUICK)
     assert proc.returncode == 0, proc.stderr
@@ -47,6 +48,7 @@ def test_runs_alone_with_no_launcher(tmp_path, channels):
     assert state["fc2.weight"].shape == (10, 128)
 
 
+@pytest.mark.slow
 def test_runs_under_torchrun(tmp_path, channels):
     proc = run_script([str(BIN / "torchrun"), "--nproc-per-node", "2"], tmp_path, channels, QUICK)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -57,6 +59,7 @@ def test_runs_under_torchrun(tmp_path, channels):
     assert config["threads_per_rank"] == max(1, os.cpu_count() // 2)  # ranks share the cores
 
 
+@pytest.mark.slow
 def test_two_hosts_reach_the_accuracy_bar_with_identical_weights(tmp_path, channels):
     """The lab's local default (2 simulated hosts x 1 process, 3 epochs): the notebook's claim."""
     result = run_local(LAB, workdir=tmp_path / "run", data_dir=channels["train"].parent, echo=False)
@@ -70,6 +73,7 @@ def test_two_hosts_reach_the_accuracy_bar_with_identical_weights(tmp_path, chann
     assert [r["epoch"] for r in epochs] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_one_host_two_processes(tmp_path, channels):
     result = run_local(LAB, hosts=1, procs_per_host=2, hyperparameters=QUICK,
                        workdir=tmp_path / "run", data_dir=channels["train"].parent, echo=False)
@@ -78,6 +82,7 @@ def test_one_host_two_processes(tmp_path, channels):
     assert all(line.startswith("[algo-1") for line in result.lines)
 
 
+@pytest.mark.slow
 def test_resumes_from_its_checkpoint(tmp_path, channels):
     store = tmp_path / "checkpoints"  # stands in for the job's checkpoint S3 URI
     common = dict(hosts=2, procs_per_host=1, data_dir=channels["train"].parent, echo=False, checkpoint_dir=store)
@@ -118,6 +123,7 @@ def test_bad_input_fails_before_any_process_starts(tmp_path, channels, hps, host
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_missing_channel_in_the_script_names_the_fix(tmp_path, channels):
     proc = run_script([sys.executable], tmp_path, {"train": tmp_path / "nothing", "test": channels["test"]}, QUICK)
     assert proc.returncode != 0
@@ -157,6 +163,7 @@ def test_gloo_binds_to_sagemakers_network_interface(monkeypatch):
     assert len(calls) == 1 and "# DDP:" in calls[0]  # one of the lines that make it distributed
 
 
+@pytest.mark.slow
 def test_gloo_really_uses_the_interface_sagemaker_names(tmp_path, channels):
     env = {"SM_NETWORK_INTERFACE_NAME": "lo"}
     proc = run_script([str(BIN / "torchrun"), "--nproc-per-node", "2"], tmp_path, channels, QUICK, env=env)

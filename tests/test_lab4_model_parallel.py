@@ -18,6 +18,7 @@ from workshop.runner import run_local, run_on_sagemaker
 LAB = get_lab("model_parallel")
 sys.path.insert(0, str(LAB.path))  # the lab's measurement grid, as its notebook imports it
 from measure import measure  # noqa: E402
+
 SCRIPT = LAB.entry_path
 BIN = Path(sys.executable).parent
 TINY = {"layers": 2, "d-model": 64, "heads": 4, "seq-len": 32, "batch-size": 8, "eval-sequences": 8}
@@ -48,6 +49,7 @@ def world2(corpus, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_sharded_state_per_rank_is_within_10_percent_of_one_half(world2):
     for row in world2["full_shard"]:
         assert row["shard_group"] == 2
@@ -57,6 +59,7 @@ def test_sharded_state_per_rank_is_within_10_percent_of_one_half(world2):
         assert row["state_bytes"] == row["full_state_bytes"]  # DDP: every rank holds everything
 
 
+@pytest.mark.slow
 def test_sharded_training_reaches_the_unsharded_loss(world2):
     a, b = world2["no_shard"][0], world2["full_shard"][0]
     assert a["final_train_loss"] == pytest.approx(b["final_train_loss"], abs=1e-4)
@@ -76,6 +79,7 @@ def test_world_size_four_full_and_hybrid(corpus, tmp_path):
         assert abs(row["state_bytes"] / (row["full_state_bytes"] / 2) - 1) < 0.10, row
 
 
+@pytest.mark.slow
 def test_checkpointing_keeps_only_block_inputs(corpus, tmp_path):
     plain = accounting(run_script([sys.executable], tmp_path, corpus, {"steps": 2}).stdout)
     ckpt = accounting(run_script([sys.executable], tmp_path, corpus,
@@ -85,6 +89,7 @@ def test_checkpointing_keeps_only_block_inputs(corpus, tmp_path):
     assert plain["saved_act_block_bytes"] > 5 * plain["block_input_bytes"]
 
 
+@pytest.mark.slow
 def test_offloading_simulated_moves_saved_bytes_and_cpu_mode_explains(corpus, tmp_path):
     proc = run_script([sys.executable], tmp_path, corpus, {"steps": 2, "activation-offloading": "simulate"})
     assert proc.returncode == 0, proc.stderr
@@ -94,6 +99,7 @@ def test_offloading_simulated_moves_saved_bytes_and_cpu_mode_explains(corpus, tm
     assert "needs a GPU" in proc.stderr and "already" in proc.stderr and "simulate" in proc.stderr
 
 
+@pytest.mark.slow
 def test_smp_settings_without_the_library_run_with_plain_pytorch(corpus, tmp_path):
     smp = json.dumps({"hybrid_shard_degree": 1, "sm_activation_offloading": True})
     proc = run_script([sys.executable], tmp_path, corpus, {"steps": 2, "mp_parameters": smp})
@@ -103,6 +109,7 @@ def test_smp_settings_without_the_library_run_with_plain_pytorch(corpus, tmp_pat
     assert accounting(proc.stdout)["checkpointing"] == 1
 
 
+@pytest.mark.slow
 def test_tensor_and_pipeline_parallel_match_one_process(tmp_path):
     proc = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2",
                            str(LAB.source_dir / "tp_pp_demo.py")], capture_output=True, text=True,
@@ -113,6 +120,7 @@ def test_tensor_and_pipeline_parallel_match_one_process(tmp_path):
     assert "this rank holds (64, 32)" in proc.stdout
 
 
+@pytest.mark.slow
 def test_missing_channel_names_the_fix(corpus, tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--train", str(tmp_path / "none")],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -193,14 +201,11 @@ def test_sagemaker_bad_input(corpus, kwargs, message):
         run_on_sagemaker(LAB, hosts=2, data_dir=corpus.root, dry_run=True, region="us-east-1", **kwargs)
 
 
-def test_cli_dry_run_default_is_plain_fsdp_and_costs_a_few_dollars(monkeypatch, tmp_path, capsys):
+def test_cli_dry_run_default_is_plain_fsdp_and_costs_a_few_dollars(no_aws, tmp_path, capsys):
     """Issue 11, defect 4: the default SageMaker run of a few-million-parameter model costs at
     most a few dollars (it was 2 x ml.p4d.24xlarge, up to $37.69)."""
-    from conftest import isolate_aws
-
     from workshop.__main__ import main as cli_main
 
-    isolate_aws(monkeypatch, tmp_path, "Alice Example")
     code = cli_main(["run", "4_model_parallel", "--mode", "sagemaker", "--dry-run",
                      "--data-dir", str(tmp_path / "corpus")])
     out = capsys.readouterr().out
@@ -210,12 +215,9 @@ def test_cli_dry_run_default_is_plain_fsdp_and_costs_a_few_dollars(monkeypatch, 
     assert "/data/pydoc-corpus/train" in out and "/data/mnist/" not in out  # the text corpus, not MNIST
 
 
-def test_cli_smp_route_needs_the_explicit_opt_in(monkeypatch, tmp_path, capsys):
-    from conftest import isolate_aws
-
+def test_cli_smp_route_needs_the_explicit_opt_in(no_aws, tmp_path, capsys):
     from workshop.__main__ import main as cli_main
 
-    isolate_aws(monkeypatch, tmp_path, "Alice Example")
     base = ["run", "4_model_parallel", "--mode", "sagemaker", "--dry-run", "--route", "smp",
             "--data-dir", str(tmp_path / "corpus")]
     assert cli_main(base) == 2
@@ -237,6 +239,7 @@ def test_gloo_binds_to_sagemakers_network_interface():
     assert inspect.getsource(script.set_gloo_interface) == inspect.getsource(lab3.set_gloo_interface)
 
 
+@pytest.mark.slow
 def test_two_hosts_on_gloo_use_the_hosts_interface(corpus, tmp_path):
     result = run_local(LAB, hosts=2, procs_per_host=1, hyperparameters={**TINY, "steps": 2},
                        workdir=tmp_path / "run", data_dir=corpus.root, echo=False)

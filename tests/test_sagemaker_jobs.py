@@ -26,14 +26,13 @@ import boto3
 import numpy as np
 import pytest
 from conftest import isolate_aws, quota_client, service_quota
-from moto import mock_aws
 
 from workshop import jobs as sj
 from workshop import metrics, runner
 from workshop.cloud import aws
 from workshop.datasets import mnist
-from workshop.errors import WorkshopError
 from workshop.datasets.mnist import MNIST
+from workshop.errors import WorkshopError
 from workshop.labs import Lab, SageMakerDefaults, get_lab
 from workshop.launchers.base import LauncherBase
 from workshop.launchers.torchrun import TorchrunLauncher
@@ -66,13 +65,7 @@ def check_args(args, world_size=1, train_samples=None):
 # --------------------------------------------------------------------------- fixtures
 
 
-def _isolate(mp: pytest.MonkeyPatch, tmp: Path) -> None:
-    isolate_aws(mp, tmp, "Alice Example")
-
-
-@pytest.fixture(autouse=True)
-def no_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    _isolate(monkeypatch, tmp_path)
+pytestmark = pytest.mark.usefixtures("no_aws")  # conftest: no credentials, empty AWS and SDK config
 
 
 class LocalOnly(LauncherBase):
@@ -134,22 +127,18 @@ class FakeAws:
 
 
 @pytest.fixture
-def fake_aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAws]:
-    """moto with credentials, a region, the training role and the SDK's default bucket."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    with mock_aws():
-        boto = boto3.Session(region_name=REGION)
-        trust = {
-            "Version": "2012-10-17",
-            "Statement": [
-                {"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}, "Action": "sts:AssumeRole"}
-            ],
-        }
-        role = boto.client("iam").create_role(RoleName="WorkshopTraining", AssumeRolePolicyDocument=json.dumps(trust))
-        boto.client("s3").create_bucket(Bucket=DEFAULT_BUCKET)
-        yield FakeAws(boto=boto, role_arn=role["Role"]["Arn"])
+def fake_aws(moto_session: Any) -> FakeAws:
+    """moto with credentials, a region (conftest's moto_session), the training role and the SDK's default bucket."""
+    boto = moto_session
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}, "Action": "sts:AssumeRole"}
+        ],
+    }
+    role = boto.client("iam").create_role(RoleName="WorkshopTraining", AssumeRolePolicyDocument=json.dumps(trust))
+    boto.client("s3").create_bucket(Bucket=DEFAULT_BUCKET)
+    return FakeAws(boto=boto, role_arn=role["Role"]["Arn"])
 
 
 @pytest.fixture
@@ -186,7 +175,7 @@ def shared_dry_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedD
 
     tmp = tmp_path_factory.mktemp("dry-run")
     with pytest.MonkeyPatch.context() as mp:
-        _isolate(mp, tmp)
+        isolate_aws(mp, tmp, "Alice Example")
         sent: list[Any] = []
         mp.setattr(telemetry_logging, "_send_telemetry_request", lambda *a, **k: sent.append(a))
         lab = make_lab(tmp)

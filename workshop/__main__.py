@@ -3,7 +3,7 @@
     python -m workshop labs
     python -m workshop run LAB [--hosts N] [--procs-per-host P] [--mode local|sagemaker]
                                [--dry-run] [--hp KEY=VALUE ...] [--route ROUTE]
-                               [--allow-unsupported-image]
+                               [--allow-unsupported-image] [--workdir DIR] [--checkpoint-dir DIR]
     python -m workshop run all            # every lab, locally, then a summary table
     python -m workshop network [--nat] [--show] [--cidr CIDR]   # the workshop VPC (create/reuse)
     python -m workshop role                                     # the workshop's execution role
@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from workshop.errors import WorkshopError
@@ -38,18 +39,57 @@ def parse_hp(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def count_of(what: str, flag: str, example: int):
+    """An argparse type for `flag`: a whole number of at least 1, else a message that ends with
+    its fix (argparse alone says only "invalid int value")."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number of {what} (a whole number, at least 1).\n"
+                f"  Fix: write it like {flag} {example}, or leave {flag} out for the lab's default "
+                "(`python -m workshop labs` lists them)."
+            )
+        return value
+
+    return parse
+
+
+def local_data_dir(lab: Lab, args: argparse.Namespace):
+    """--data-dir if given; else with --workdir DIR the lab's data folder under DIR/data (as the
+    checkout has it under data/: mnist/, or lab 4's corpus/), so that nothing is written into
+    the checkout; else None (the checkout's data/)."""
+    if args.data_dir or not args.workdir:
+        return args.data_dir
+    return Path(args.workdir) / "data" / Path(lab.data.default_dir).name
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workshop", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("labs", help="list the labs and their defaults")
     run = sub.add_parser("run", help="run a lab (or all) headless", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     run.add_argument("lab", help="lab key, folder or number (see `labs`), or 'all'")
-    run.add_argument("--hosts", type=int, default=None, help="hosts (SageMaker instances); default: the lab's")
-    run.add_argument("--procs-per-host", type=int, default=None, help="processes per host; default: the lab's")
+    run.add_argument("--hosts", type=count_of("hosts", "--hosts", 2), default=None,
+                     help="hosts (SageMaker instances); default: the lab's")
+    run.add_argument("--procs-per-host", type=count_of("processes per host", "--procs-per-host", 1), default=None,
+                     help="processes per host; default: the lab's")
     run.add_argument("--mode", choices=("local", "sagemaker"), default="local", help="where to run")
     run.add_argument("--dry-run", action="store_true", help="sagemaker mode: print the CreateTrainingJob request, start nothing")
     run.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE", help="a hyperparameter (repeatable)")
-    run.add_argument("--data-dir", default=None, help="the lab's data channels folder (default: data/mnist, lab 4: data/corpus)")
+    run.add_argument("--data-dir", default=None,
+                     help="the lab's data folder (default: data/mnist, lab 4 data/corpus; with --workdir, under DIR/data)")
+    run.add_argument("--workdir", default=None, metavar="DIR",
+                     help="where everything a local run writes goes: its run folders in DIR/runs, its data "
+                          "(unless --data-dir) in DIR/data (default: the checkout's runs/ and data/)")
+    run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                     help="local mode: the hosts' checkpoint folder (/opt/ml/checkpoints) for the whole run, "
+                          "so a run stopped any way keeps its checkpoints there and the next run resumes from them "
+                          "(several labs: one subfolder per lab)")
     run.add_argument("--instance-type", default=None, help="sagemaker mode: instance type; default: the lab's")
     run.add_argument("--role", default=None, help="sagemaker mode: execution role ARN (or set WORKSHOP_ROLE_ARN)")
     run.add_argument("--region", default=None, help="sagemaker mode: AWS region (default: your AWS config's)")
@@ -105,7 +145,14 @@ def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
         if args.route is not None:
             raise WorkshopError("--route applies to --mode sagemaker.", "drop --route, or add --mode sagemaker.")
         return run_local(
-            lab, hosts=args.hosts, procs_per_host=args.procs_per_host, hyperparameters=hps, data_dir=args.data_dir
+            lab, hosts=args.hosts, procs_per_host=args.procs_per_host, hyperparameters=hps,
+            data_dir=local_data_dir(lab, args), checkpoint_dir=args.checkpoint_dir,
+            runs_dir=Path(args.workdir) / "runs" if args.workdir else None,
+        )
+    if args.checkpoint_dir:
+        raise WorkshopError(
+            "--checkpoint-dir applies to --mode local: a SageMaker job's checkpoints go to S3.",
+            "drop --checkpoint-dir (in Python, run_on_sagemaker(checkpoint_s3_uri=...) sets the S3 location).",
         )
     defaults = lab.sagemaker_route(args.route)  # an unknown route is refused here, with the lab's routes
     return run_on_sagemaker(
@@ -114,7 +161,7 @@ def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
         hosts=args.hosts or defaults.instance_count,
         procs_per_host=args.procs_per_host or defaults.procs_per_host,
         hyperparameters=hps,
-        data_dir=args.data_dir,
+        data_dir=local_data_dir(lab, args),
         instance_type=args.instance_type,
         dry_run=args.dry_run,
         role=args.role,
@@ -163,8 +210,11 @@ def run_many(labs: list[Lab], args: argparse.Namespace, hps: dict[str, Any]) -> 
         hosts = args.hosts or lab.local_hosts
         procs = args.procs_per_host or lab.local_procs_per_host
         row = {"lab": lab.label, "strategy": lab.strategy, "layout": f"{hosts} x {procs}", "accuracy": None}
+        lab_args = args
+        if args.checkpoint_dir and len(labs) > 1:  # one folder per lab: their checkpoints do not mix
+            lab_args = argparse.Namespace(**{**vars(args), "checkpoint_dir": str(Path(args.checkpoint_dir) / lab.key)})
         try:
-            result = run_one(lab, args, hps)
+            result = run_one(lab, lab_args, hps)
             row.update(accuracy=result.metric(lab.accuracy_metric), wall_s=result.wall_time_s, status="ok")
         except WorkshopError as exc:
             failed += 1

@@ -55,6 +55,7 @@ def run_local(
     data_dir: str | Path | None = None,
     workdir: str | Path | None = None,
     checkpoint_dir: str | Path | None = None,
+    runs_dir: str | Path | None = None,
     timeout_s: float | None = None,
     echo: bool = True,
     check: bool = True,
@@ -63,6 +64,9 @@ def run_local(
 
     Hyperparameters are the lab's small local defaults updated with `hyperparameters`; the data
     is the lab's data source, prepared in `data_dir` (default: its own folder under `data/`).
+    `workdir` is this run's folder; without it the run gets a new one under `runs_dir`
+    (default: the checkout's runs/). `checkpoint_dir` is the hosts' checkpoint folder for the
+    whole run (see `LocalCluster.run`).
     """
     hosts = lab.local_hosts if hosts is None else hosts
     procs_per_host = lab.local_procs_per_host if procs_per_host is None else procs_per_host
@@ -74,8 +78,10 @@ def run_local(
         distributed=lab.distributed_config(procs_per_host),
         name=lab.key.replace("_", "-"),
         workdir=workdir,
+        runs_dir=runs_dir,
         echo=echo,
     )
+    cluster.checkpoint_store(checkpoint_dir)  # a folder it cannot write fails now, not after the data
     hps = {**lab.local_hyperparameters, **(hyperparameters or {})}
     lab.validate_hyperparameters(hps, world_size=cluster.world_size)  # types first: no data needed
     channels = lab.data.prepare(data_dir)

@@ -23,6 +23,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -208,8 +209,30 @@ class Lab:
             try:
                 check(args, world_size, train_samples=train_samples)
             except ValueError as exc:
-                raise WorkshopError(f"Invalid hyperparameters for lab {self.key!r}: {exc}") from None
+                rules, fix = split_fix(str(exc), vars(args))
+                raise WorkshopError(
+                    f"Invalid hyperparameters for lab {self.key!r}: {rules}",
+                    fix or f"change the value it names; `python {self.folder}/code/{self.entry_script} --help` "
+                    "lists every flag with its default.",
+                ) from None
         return args
+
+
+def split_fix(text: str, hyperparameters: Mapping[str, Any]) -> tuple[str, str | None]:
+    """A script's check message -> (the broken rules, the fix or None).
+
+    The scripts' `check_args` convention: the rules, then " Fix: " and what to do about each,
+    in the script's own flags (it also runs alone, on SageMaker). The fix then says once how the
+    first flag it names is written on the workshop's command line. `hyperparameters`: the
+    script's parsed arguments, which tell its flags from anything else the fix names.
+    """
+    rules, sep, fix = text.rpartition(" Fix: ")
+    if not sep:
+        return text, None
+    flags = [f for f in re.findall(r"--([a-z][a-z0-9_-]*)", fix) if f.replace("-", "_") in hyperparameters]
+    if flags:
+        fix = f"{fix.rstrip('.')}. On the command line: --hp {flags[0]}=VALUE."
+    return rules.rstrip(". "), fix
 
 
 def hyperparameters_to_argv(hyperparameters: Mapping[str, Any]) -> list[str]:

@@ -10,9 +10,10 @@ Run it (from the lab folder):
 
     python code/train.py                        # alone: an in-process cluster, 1 ps + 1 worker
     python -m workshop run parameter_server     # 3 simulated SageMaker hosts (local cluster)
-    # On SageMaker the workshop's ParameterServer() driver starts, on every host,
-    # `python train.py --role ps ...` and `--role chief` (algo-1) or `--role worker`, each with
-    # its TF_CONFIG (see workshop/drivers/parameter_server/ps_driver.py and the lab's notebook).
+    # On SageMaker the workshop's ParameterServer() driver starts, on every host, this script
+    # twice with the job's hyperparameters, once as the host's `ps` task and once as its `chief`
+    # (algo-1) or `worker` task, each told its role by its own TF_CONFIG (see
+    # workshop/drivers/parameter_server/ps_driver.py and the lab's notebook).
 
 Inputs follow the SageMaker training contract: hyperparameters as flags, data in the `train`
 and `test` channels (`mnist.npz`), the model to SM_MODEL_DIR (a SavedModel and `model.npz`,
@@ -42,6 +43,7 @@ import numpy as np  # noqa: E402
 # Written by each worker into its working directory; the workers' input pipelines read it, so
 # every step reports which worker ran it (the coordinator is not told).
 WORKER_ID_FILE = "tf_worker_rank.txt"
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 
@@ -75,11 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeline-bin-s", type=float, default=0.5,
         help="width of the time bins of the per-worker step counts the coordinator reports",
     )
-    r = p.add_argument_group("role (set by the launcher)")
-    r.add_argument(
-        "--role", choices=("auto", "chief", "worker", "ps"), default="auto",
-        help="this process's task; auto: TF_CONFIG's, or an in-process cluster when there is none",
-    )
     d = p.add_argument_group("SageMaker contract (defaults from SM_* variables)")
     d.add_argument("--train", default=env("SM_CHANNEL_TRAIN", "data/mnist/train"), help="train channel")
     d.add_argument("--test", default=env("SM_CHANNEL_TEST", "data/mnist/test"), help="test channel")
@@ -99,32 +96,46 @@ def check_args(args: argparse.Namespace, world_size: int = 2, train_samples: int
     """Checks the workshop also runs before any process or job starts (raises ValueError).
 
     `world_size` is the number of hosts: each runs a parameter server and one training
-    process (the coordinator on the first host, a worker on the others).
+    process (the coordinator on the first host, a worker on the others). The message names
+    each broken rule, then after "Fix:" what to do about each.
     """
-    problems = []
+    problems, fixes = [], []
+    default = build_parser().get_default
     if world_size < 2:
         problems.append(
             f"a parameter-server job needs at least 2 hosts (one coordinator, at least one worker), got {world_size}"
         )
+        fixes.append("run it on 2 or more hosts, e.g. 3: one coordinator and two workers (the workshop's "
+                     "command line: --hosts 3)")
     for name in ("steps", "batch_size", "log_interval", "threads", "min_shard_bytes"):
         if getattr(args, name) < 1:
-            problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            flag = "--" + name.replace("_", "-")
+            problems.append(f"{flag} must be at least 1, got {getattr(args, name)}")
+            fixes.append(f"set {flag} to a whole number of at least 1, e.g. {default(name)} (its default)")
     if args.lr <= 0:
         problems.append(f"--lr must be positive, got {args.lr}")
+        fixes.append(f"set --lr to a positive number, e.g. {default('lr')} (its default)")
     if not 0 <= args.momentum < 1:
         problems.append(f"--momentum must be in [0, 1), got {args.momentum}")
+        fixes.append(f"set --momentum to 0 or more and below 1, e.g. {default('momentum')} (its default)")
     if args.slow_factor < 1 or args.timeline_bin_s <= 0:
         problems.append("--slow-factor must be at least 1 and --timeline-bin-s positive")
+        fixes.append(f"leave --slow-factor at {default('slow_factor')} (no slowdown) or raise it, and "
+                     f"--timeline-bin-s at {default('timeline_bin_s')}")
     if args.slow_worker and not 1 <= args.slow_worker < max(world_size, 2):
         problems.append(f"--slow-worker must be the host rank of a worker, 1..{world_size - 1}, got {args.slow_worker}")
+        fixes.append(f"set --slow-worker to a worker's host rank, 1..{world_size - 1}, or 0 (no slow worker)")
     if train_samples is not None and train_samples < args.batch_size:
         problems.append(f"--batch-size {args.batch_size} is larger than the {train_samples} training samples")
+        fixes.append(f"set --batch-size to {train_samples} or less, e.g. {min(default('batch_size'), train_samples)}")
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def metrics(**values) -> None:
-    """One `METRICS key=value` line (see workshop/metrics.py); `rank` first."""
+    """One `METRICS key=value ...` line, rank first: what SageMaker's metric definitions and the
+    workshop's log parser (workshop/metrics.py) read."""
     parts = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
     print(f"METRICS {parts}", flush=True)
 
@@ -405,18 +416,11 @@ def save_model(tf, args, model, config, test_acc) -> None:
         lambda images: {"logits": exported(normalize(tf, images))},
         input_signature=[tf.TensorSpec([None, 28, 28], tf.uint8, name="images")],
     )
-    with tf.device("/job:chief/replica:0/task:0/device:CPU:0") if config.get("cluster") else _null():
+    # Every run has a cluster (TF_CONFIG's, or the in-process one): save on the coordinator's own CPU.
+    with tf.device("/job:chief/replica:0/task:0/device:CPU:0"):
         tf.saved_model.save(exported, str(model_dir / "saved_model"), signatures={"serving_default": exported.serve})
     (model_dir / "config.json").write_text(json.dumps({**config, "test_accuracy": test_acc}, indent=2, sort_keys=True) + "\n")
     print(f"Saved the model (saved_model/, model.npz) and its configuration to {model_dir}.", flush=True)
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main(argv=None) -> int:
@@ -425,12 +429,12 @@ def main(argv=None) -> int:
         setattr(args, name, str(Path(getattr(args, name)).resolve()))  # before any chdir
     import tensorflow as tf
 
-    if args.role == "auto" and not os.environ.get("TF_CONFIG"):
-        resolver = in_process_resolver(tf, args)
+    # PS: the role comes from TF_CONFIG's task.type, as TensorFlow's convention has it (the launcher
+    # passes the script nothing but its hyperparameters); no TF_CONFIG: an in-process cluster.
+    if os.environ.get("TF_CONFIG"):
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     else:
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()  # PS: roles from TF_CONFIG
-        if args.role != "auto" and resolver.task_type != args.role:
-            raise SystemExit(f"--role {args.role} but TF_CONFIG says this task is a {resolver.task_type!r}.")
+        resolver = in_process_resolver(tf, args)
     if resolver.task_type in ("ps", "worker"):
         return run_server(tf, args, resolver)
     code = run_coordinator(tf, args, resolver)

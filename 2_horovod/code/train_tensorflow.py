@@ -37,6 +37,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ INFO/WARN
 
 import numpy as np  # noqa: E402
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 REBUILD_FIX = (
     "Fix: build Horovod with TensorFlow support: `make horovod` in the workshop (or "
@@ -46,6 +47,7 @@ REBUILD_FIX = (
 )
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def str2bool(text: str) -> bool:
     """SageMaker passes every hyperparameter as text, so booleans arrive as 'true'/'false'."""
     value = str(text).strip().lower()
@@ -102,26 +104,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int | None = None) -> None:
-    """Checks the workshop also runs before it starts any process or job (raises ValueError)."""
-    problems = []
+    """Checks the workshop also runs before it starts any process or job (raises ValueError).
+
+    The message names each broken rule, then after "Fix:" what to do about each, so the
+    workshop (and a reader of the job's log) can tell the user what to change.
+    """
+    problems, fixes = [], []
+    default = build_parser().get_default
     for name in ("epochs", "batch_size", "log_interval"):
         if getattr(args, name) < 1:
-            problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            flag = "--" + name.replace("_", "-")
+            problems.append(f"{flag} must be at least 1, got {getattr(args, name)}")
+            fixes.append(f"set {flag} to a whole number of at least 1, e.g. {default(name)} (its default)")
     if args.lr <= 0:
         problems.append(f"--lr must be positive, got {args.lr}")
+        fixes.append(f"set --lr to a positive number, e.g. {default('lr')} (its default)")
     if args.max_steps < 0 or args.threads < 0:
         problems.append("--max-steps and --threads must be 0 or more")
+        fixes.append("set --max-steps and --threads to 0 (their defaults: whole epochs, an automatic thread count) or more")
     if world_size < 1:
         problems.append(f"the number of ranks must be at least 1, got {world_size}")
+        fixes.append("run at least one process")
     if train_samples is not None and train_samples // world_size < args.batch_size:
+        per_rank = train_samples // world_size
         problems.append(
-            f"each of the {world_size} ranks gets {train_samples // world_size} training samples, fewer "
-            f"than one --batch-size of {args.batch_size} (the batch size is per rank): use a smaller "
-            "--batch-size or fewer processes"
+            f"each of the {world_size} ranks gets {per_rank} training samples, fewer "
+            f"than one --batch-size of {args.batch_size} (the batch size is per rank)"
         )
+        fixes.append(f"set --batch-size to {per_rank} or less, e.g. {min(default('batch_size'), per_rank)}, or run fewer processes"
+                     if per_rank else "run fewer processes than there are training samples")
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
 
 
 def load_channel(channel_dir: str, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -138,8 +153,10 @@ def load_channel(channel_dir: str, name: str) -> tuple[np.ndarray, np.ndarray]:
     return x, labels.astype("int64")
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def metrics(**values) -> None:
-    """One metric line; see train_pytorch.py for the format."""
+    """One `METRICS key=value ...` line, rank first: what SageMaker's metric definitions and the
+    workshop's log parser (workshop/metrics.py) read."""
     parts = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
     print(f"METRICS {parts}", flush=True)
 
@@ -168,6 +185,7 @@ def tf_vars(variables):
 
 
 def weights_digest(model) -> str:
+    """A short hash of every variable's bytes: equal on every rank iff the weights are."""
     h = hashlib.sha256()
     for v in model.variables:
         h.update(np.ascontiguousarray(v.numpy()).tobytes())

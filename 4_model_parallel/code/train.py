@@ -68,6 +68,7 @@ SMP_KEYS = ("hybrid_shard_degree", "sm_activation_offloading", "activation_loadi
             "context_parallel_degree", "expert_parallel_degree", "random_seed")
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def str2bool(text: str) -> bool:
     """SageMaker passes every hyperparameter as text, so booleans arrive as 'true'/'false'."""
     value = str(text).strip().lower()
@@ -186,39 +187,48 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
                procs_per_host: int = 1) -> None:
     """Checks the workshop also runs before it starts any process or job (raises ValueError).
 
-    `train_samples` is the number of characters in the train channel.
+    `train_samples` is the number of characters in the train channel. The message names each
+    broken rule, then after "Fix:" what to do about each.
     """
-    problems = []
+    problems, fixes = [], []
+    default = build_parser().get_default
     for name in ("layers", "d_model", "heads", "seq_len", "steps", "batch_size", "log_interval", "eval_sequences"):
         if getattr(args, name) < 1:
-            problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            flag = "--" + name.replace("_", "-")
+            problems.append(f"{flag} must be at least 1, got {getattr(args, name)}")
+            fixes.append(f"set {flag} to a whole number of at least 1, e.g. {default(name)} (its default)")
     if args.lr <= 0:
         problems.append(f"--lr must be positive, got {args.lr}")
+        fixes.append(f"set --lr to a positive number, e.g. {default('lr')} (its default)")
     if args.threads < 0 or args.hybrid_shard_degree < 0:
         problems.append("--threads and --hybrid-shard-degree must be 0 or more")
+        fixes.append("set --threads and --hybrid-shard-degree to 0 (their defaults) or more")
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
     smp = smp_settings(args)
     unknown = sorted(set(smp) - set(SMP_KEYS))
     if unknown:
-        problems.append(f"--mp_parameters has unknown SMP settings {unknown}; known: {', '.join(SMP_KEYS)}")
+        problems.append(f"--mp_parameters has unknown SMP settings {unknown} (known: {', '.join(SMP_KEYS)})")
+        fixes.append(f"drop {', '.join(unknown)} from --mp_parameters")
     for key in ("tensor_parallel_degree", "context_parallel_degree", "expert_parallel_degree"):
         if smp.get(key, 1) not in (None, 0, 1):
-            problems.append(f"SMP {key}={smp[key]} is not used by this lab's model (use 1 or leave it out)")
+            problems.append(f"SMP {key}={smp[key]} is not used by this lab's model")
+            fixes.append(f"set {key} to 1 or leave it out")
     degree = smp.get("hybrid_shard_degree") or (args.hybrid_shard_degree if args.sharding == "hybrid_shard" else 0)
     if degree and world_size % degree:
         problems.append(
             f"a sharding degree of {degree} does not divide the world size {world_size}: hybrid sharding "
-            f"needs whole groups of {degree} ranks. Fix: choose a degree among "
-            f"{[d for d in range(1, world_size + 1) if world_size % d == 0]}"
+            f"needs whole groups of {degree} ranks"
         )
+        fixes.append(f"choose a degree among {[d for d in range(1, world_size + 1) if world_size % d == 0]}")
     if args.d_model % args.heads:
         problems.append(f"--heads {args.heads} does not divide --d-model {args.d_model}")
+        divisors = [h for h in range(1, min(args.d_model, 64) + 1) if args.d_model % h == 0]
+        fixes.append(f"set --heads to a divisor of {args.d_model}, one of {divisors}, or --d-model to a "
+                     f"multiple of {args.heads}, e.g. {args.heads * max(1, round(args.d_model / args.heads))}")
     if args.batch_size % world_size:
-        problems.append(
-            f"--batch-size {args.batch_size} (the global batch) does not split evenly over {world_size} "
-            f"ranks. Fix: a multiple of {world_size}, e.g. {world_size * max(1, args.batch_size // world_size)}"
-        )
+        problems.append(f"--batch-size {args.batch_size} (the global batch) does not split evenly over {world_size} ranks")
+        fixes.append(f"set --batch-size to a multiple of {world_size}, e.g. {world_size * max(1, args.batch_size // world_size)}")
     shard = degree or shard_group_size(args, world_size, procs_per_host)
     if shard > 1 and not problems:
         rows = min(args.d_model, args.seq_len, VOCAB)  # FSDP splits every parameter along its first dimension
@@ -226,13 +236,14 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
             problems.append(
                 f"the model is too small to shard over {shard} ranks: FSDP splits each parameter along "
                 f"its first dimension (--d-model {args.d_model}, --seq-len {args.seq_len} rows), which must "
-                f"be a multiple of {shard} so that every rank holds an equal, non-empty share. Fix: a "
-                f"larger --d-model/--seq-len, or fewer ranks"
+                f"be a multiple of {shard} so that every rank holds an equal, non-empty share"
             )
+            fixes.append(f"a larger --d-model and --seq-len (multiples of {shard}), or fewer ranks")
     if train_samples is not None and train_samples < args.seq_len + 2:
         problems.append(f"the train channel has {train_samples} characters, fewer than one sequence")
+        fixes.append(f"set --seq-len to {max(1, train_samples - 2)} or less, or train on a larger corpus")
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
 
 
 # ----------------------------------------------------------------------------- model, data
@@ -370,13 +381,22 @@ class SavedTensorMeter:
 # ----------------------------------------------------------------------------- distributed
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def distributed_env() -> tuple[int, int, int, int]:
-    """(rank, world_size, local_rank, local_world_size) as the launcher set them (torchrun)."""
+    """(rank, world_size, local_rank, local_world_size) as the launcher set them.
+
+    torchrun sets these; a plain `python train.py` sets none and is a world of one.
+    """
     env = os.environ
-    return (int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)),
-            int(env.get("LOCAL_RANK", 0)), int(env.get("LOCAL_WORLD_SIZE", 1)))
+    return (
+        int(env.get("RANK", 0)),
+        int(env.get("WORLD_SIZE", 1)),
+        int(env.get("LOCAL_RANK", 0)),
+        int(env.get("LOCAL_WORLD_SIZE", 1)),
+    )
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def set_gloo_interface(backend: str) -> str | None:
     """Point gloo at the network interface SageMaker names (SM_NETWORK_INTERFACE_NAME, e.g. eth0).
 
@@ -413,7 +433,10 @@ def init_smp(smp: dict, rank: int) -> bool:
     return True
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def metrics(**values) -> None:
+    """One `METRICS key=value ...` line, rank first: what SageMaker's metric definitions and the
+    workshop's log parser (workshop/metrics.py) read."""
     parts = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
     print(f"METRICS {parts}", flush=True)
 
@@ -446,7 +469,7 @@ def wrap_model(model, args, world_size, local_world_size, device, dtype, cuda):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     # DIST: full replica per rank; gradients all-reduced in backward. gradient_as_bucket_view:
-        # the gradients live in DDP's buckets, so they are counted once, as they are stored.
+    # the gradients live in DDP's buckets, so they are counted once, as they are stored.
     model = DDP(model, device_ids=[device.index] if cuda else None, gradient_as_bucket_view=True)
     zero = " + ZeroRedundancyOptimizer (ZeRO-1)" if args.sharding == "optimizer" else ""
     return model, 1, "DDP (full replica per rank)" + zero
@@ -539,7 +562,7 @@ def main(argv=None) -> int:
         print("Configuration: " + json.dumps(config, sort_keys=True, default=str), flush=True)
 
     gen = torch.Generator().manual_seed(args.seed)  # the same batches on every rank; each takes its slice
-    step_times, loss_sum = [], 0.0
+    step_times, last_loss = [], 0.0
     measured = {}
     for step in range(1, args.steps + 1):
         x, y = batch(train, args.batch_size, args.seq_len, gen)
@@ -568,7 +591,7 @@ def main(argv=None) -> int:
         if distributed:
             dist.all_reduce(loss_value)  # DIST: the mean loss over the global batch
             loss_value /= world_size
-        loss_sum = loss_value.item()
+        last_loss = loss_value.item()
         if measure:
             measured = dict(
                 param_bytes=sum(local_bytes(p) for p in model.parameters()),
@@ -581,7 +604,7 @@ def main(argv=None) -> int:
                 measured["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
         if step % args.log_interval == 0 or step == args.steps:
             if rank == 0:
-                metrics(rank=0, step=step, train_loss=loss_sum)
+                metrics(rank=0, step=step, train_loss=last_loss)
 
     test_loss, test_acc = evaluate(model, test, args, device, autocast)
     per_param = 4 + 4 + 8  # fp32 parameter + fp32 gradient + AdamW's exp_avg and exp_avg_sq
@@ -596,7 +619,7 @@ def main(argv=None) -> int:
         step_time_s=sum(timed) / len(timed),
     )
     if rank == 0:
-        metrics(rank=0, final_train_loss=loss_sum, test_loss=test_loss, test_accuracy=test_acc,
+        metrics(rank=0, final_train_loss=last_loss, test_loss=test_loss, test_accuracy=test_acc,
                 perplexity=math.exp(test_loss))
         print(f"final next-character test accuracy: {test_acc:.4f} (loss {test_loss:.4f}, perplexity "
               f"{math.exp(test_loss):.2f})", flush=True)

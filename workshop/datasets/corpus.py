@@ -21,6 +21,7 @@ from typing import Any
 
 from workshop import REPO_ROOT
 from workshop.cloud import aws
+from workshop.errors import WorkshopError
 
 CORPUS_FILE = "corpus.txt"
 
@@ -64,18 +65,29 @@ def prepare_corpus(directory: str | os.PathLike[str] | None = None) -> CorpusCha
     """Write `DIR/train/corpus.txt` and `DIR/test/corpus.txt` (idempotent)."""
     root = Path(directory or DEFAULT_DATA_DIR).expanduser()
     source = f"pydoc_data.topics of CPython {sys.version.split()[0]}"
+    fix = ("pass --data-dir a folder you can write (it is made if missing), or --workdir DIR (the data "
+           "then goes to DIR/data); in Python, prepare_corpus(FOLDER).")
+    if root.exists() and not root.is_dir():
+        raise WorkshopError(f"The corpus data folder {root} is a file, not a folder.", fix)
     sizes = {}
-    for channel, text in corpus_texts().items():
-        data = text.encode("ascii", "replace")  # a few non-ASCII characters become '?'
-        folder = root / channel
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / CORPUS_FILE
-        if not path.is_file() or path.read_bytes() != data:
-            tmp = path.with_name("." + path.name + ".tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        (folder / "dataset.json").write_text(json.dumps({"source": source, "characters": len(data)}) + "\n")
-        sizes[channel] = len(data)
+    try:
+        for channel, text in corpus_texts().items():
+            data = text.encode("ascii", "replace")  # a few non-ASCII characters become '?'
+            folder = root / channel
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / CORPUS_FILE
+            if not path.is_file() or path.read_bytes() != data:
+                tmp = path.with_name("." + path.name + ".tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, path)
+            # Written only when it changes: a prepared folder in a read-only checkout is only read.
+            meta = folder / "dataset.json"
+            described = json.dumps({"source": source, "characters": len(data)}) + "\n"
+            if not meta.is_file() or meta.read_text() != described:
+                meta.write_text(described)
+            sizes[channel] = len(data)
+    except OSError as exc:
+        raise WorkshopError(f"Cannot write the corpus channels under {root}: {exc.strerror or exc}.", fix) from None
     return CorpusChannels(root / "train", root / "test", sizes["train"], sizes["test"], root, source)
 
 

@@ -437,6 +437,24 @@ def _existing(root: Path) -> MnistChannels | None:
     return MnistChannels(root / "train", root / "test", source, n_train, n_test, root)
 
 
+def _check_writable(root: Path) -> None:
+    """Make `root`'s channel folders, or refuse with the fix: a `--data-dir` that is a file (or
+    goes through one), or a read-only checkout whose data/ is not prepared yet."""
+    fix = (
+        "pass --data-dir a folder you can write (it is made if missing; train/ and test/ go in it), "
+        "or --workdir DIR (the data then goes to DIR/data); in Python, prepare_mnist(FOLDER)."
+    )
+    if root.exists() and not root.is_dir():
+        raise WorkshopError(f"The MNIST data folder {root} is a file, not a folder.", fix)
+    try:
+        for channel in CHANNELS:
+            (root / channel).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root / CHANNELS[0]):
+            pass
+    except OSError as exc:
+        raise WorkshopError(f"Cannot write the MNIST channels under {root}: {exc.strerror or exc}.", fix) from None
+
+
 def _write_channels(
     root: Path,
     source: str,
@@ -525,6 +543,7 @@ def prepare_mnist(directory: str | os.PathLike[str], source: str = "auto") -> Mn
             print(f"MNIST: {root} already holds {_describe(existing)}; nothing to do.")
             return existing
 
+    _check_writable(root)  # before a download, not as an OSError halfway through writing
     if requested == "subset":
         arrays, origins = _split_subset()
         channels = _write_channels(root, "subset", arrays, origins)

@@ -4,6 +4,7 @@
 - `local_cluster`: N simulated hosts running the SDK's own `sm_train.sh` (or its driver), their logs.
 - `hostns`: Linux namespaces that give each host `/opt/ml`, the hostname `algo-N` and a private network.
 - `run_driver`: the process runtime's entry, which runs one SDK driver script.
-- `processes`: how every process of one run is found (and swept) by its marker.
+- `processes`: how every process of one run is found (and swept) by its marker; Ctrl-C held back
+  where it would cut a process start or a run's shutdown in half.
 - `netcounters`: the kernel's loopback byte counters, for measuring traffic.
 """

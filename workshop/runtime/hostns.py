@@ -50,6 +50,8 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from workshop.runtime.processes import PARENT_ENV, DeferredInterrupt, forward_sigterm
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWUSER = 0x10000000
@@ -219,11 +221,20 @@ class NamespaceHolder:
 
     def __init__(self, *, proxy: bool = False):
         cmd = [sys.executable, "-m", "workshop.runtime.hostns", "hold"] + (["--proxy"] if proxy else [])
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=_clean_env(), preexec_fn=die_with_parent, start_new_session=True,
-        )
-        line = self.proc.stdout.readline().decode().strip()
+        # No preexec_fn (the holder asks to die with us itself, see die_with_parent_from_start):
+        # Python code between fork and exec can deadlock on a lock another thread held, and a
+        # Ctrl-C inside Popen would lose the process it started.
+        with DeferredInterrupt():
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env={**_clean_env(), PARENT_ENV: str(os.getpid())}, start_new_session=True,
+            )
+        try:
+            line = self.proc.stdout.readline().decode().strip()
+        except BaseException:  # Ctrl-C while it starts: nobody else knows this process
+            self.proc.kill()
+            self.proc.wait()
+            raise
         if line != "ready":
             err = self.proc.stderr.read().decode().strip() if self.proc.poll() is not None else ""
             self.close()
@@ -258,8 +269,23 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
             pass
 
 
+def die_with_parent_from_start(sig: int) -> None:
+    """`die_with_parent(sig)`, called by a started process itself, first thing, instead of in a
+    `preexec_fn` by the process that starts it (see `_Run._start` in local_cluster).
+
+    The parent passes its pid in PARENT_ENV. One that died before this ran (between our exec
+    and now) sends no signal; we were adopted by another process then, which the pid shows, and
+    we leave at once, having started nothing yet.
+    """
+    expected = os.environ.pop(PARENT_ENV, "")
+    die_with_parent(sig)
+    if expected.isdigit() and os.getppid() != int(expected):
+        os._exit(128 + sig)
+
+
 def _hold(proxy: bool) -> int:
     """Make the namespaces; with `proxy`, also the job's way out (see `_egress`)."""
+    die_with_parent_from_start(signal.SIGKILL)
     uid, gid = os.getuid(), os.getgid()
     if proxy:
         inside, outside = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -370,6 +396,7 @@ class HostSpec:
     stash: str  # an empty folder outside the sandbox, for the original /opt
     start_delay_s: float = 0.0
     cpus: list[int] = field(default_factory=list)  # CPU affinity of the host (empty: all)
+    checkpoints: str = ""  # a folder mounted at /opt/ml/checkpoints (the run's checkpoint_dir); "": the sandbox's
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -413,6 +440,10 @@ def _enter(spec: HostSpec) -> None:
     sethostname(spec.hostname)
     mount(spec.hosts_file, HOSTS_FILE, None, MS_BIND)
     _mount_opt_ml(Path(spec.sandbox), Path(spec.stash))
+    if spec.checkpoints:
+        # The run's checkpoint folder itself, not a copy: what the job writes there is in the
+        # caller's folder at once, whatever happens to the local cluster afterwards.
+        mount(spec.checkpoints, f"{CONTAINER_ROOT}/checkpoints", None, MS_BIND | MS_REC)
     if spec.cpus:
         os.sched_setaffinity(0, spec.cpus)
 
@@ -420,10 +451,10 @@ def _enter(spec: HostSpec) -> None:
 def _host(spec_path: str) -> int:
     # The same SIGTERM handling as the process runtime's host: forward it to the host's whole
     # process group, and if the local cluster died (PR_SET_PDEATHSIG), sweep for it.
-    from workshop.runtime.run_driver import forward_sigterm
 
-    spec = HostSpec(**json.loads(Path(spec_path).read_text()))
     signal.signal(signal.SIGTERM, forward_sigterm)
+    die_with_parent_from_start(signal.SIGTERM)
+    spec = HostSpec(**json.loads(Path(spec_path).read_text()))
     try:
         _enter(spec)
     except OSError as exc:

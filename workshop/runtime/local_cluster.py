@@ -34,11 +34,17 @@ Reliability lives here too:
 - Logs stream live, whole lines only, each prefixed `[host/rank]` (or `[host]` for the
   launcher's own lines), and are kept in `<run>/logs/`.
 - If any host's processes fail, every other host is stopped (SIGTERM to its process group,
-  SIGKILL after `stop_grace_s`), and the failing rank's traceback is what the error shows.
+  SIGKILL after `stop_grace_s`), and the error names the rank that failed first and how
+  ("Rank 1 on algo-2 was killed by SIGKILL (signal 9)."), from its launcher's record of its
+  exit (torchrun's, the Horovod or parameter-server driver's), with its own last lines or
+  traceback; its peers' lost-connection errors follow as consequences.
 - No process outlives the run: not on success, failure, timeout, Ctrl-C or a notebook
-  interrupt. Every process started carries a marker variable; a final sweep kills anything
-  that still carries it (torchrun starts its workers in sessions of their own, so process
-  groups alone would not reach them), and on Linux each host launcher dies with its parent.
+  interrupt, including a Ctrl-C while the hosts are still being started. Every process started
+  carries a marker variable; sweeps kill anything that still carries it (torchrun starts its
+  workers in sessions of their own, so process groups alone would not reach them), and on
+  Linux each host launcher dies with its parent.
+- A cluster far bigger than this machine's cores or memory is refused before anything starts,
+  one bigger than its cores is warned about (`check_machine_fits`).
 """
 
 from __future__ import annotations
@@ -47,14 +53,15 @@ import os
 import queue
 import random
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
+import warnings
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -77,7 +84,7 @@ from workshop.runtime.contract import (
     host_names,
     write_sm_drivers,
 )
-from workshop.runtime.processes import MARKER, processes_with_marker
+from workshop.runtime.processes import MARKER, PARENT_ENV, DeferredInterrupt, processes_with_marker
 
 DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
 RUNTIMES = ("auto", "container", "process")
@@ -96,15 +103,48 @@ _RANK_TAG = re.compile(
     r"|\[(?:chief|worker)(?P<tf>\d+)\]: ?"
 )
 _TRACEBACK_START = "Traceback (most recent call last):"
+_CHAINED = re.compile(r"During handling of the above exception|direct cause of the following exception")
 # sm_train.sh's line just before it runs the driver (sagemaker/train/templates.py).
 _DRIVER_START = re.compile(r"^Running .+ [Dd]river$")
 # Errors a rank raises because a peer went away first (gloo, NCCL, c10d store, MPI).
 _PEER_LOST = re.compile(
     r"Connection (?:closed|reset) by peer|Broken pipe|remote worker crashing|DistNetworkError|"
     r"DistStoreError|NCCL communicator was aborted|ProcessGroupNCCL.*(?:abort|timeout)|"
-    r"Socket Timeout|Connection refused",
+    r"Socket Timeout|Connection refused|Horovod has been shut down",
     re.IGNORECASE,
 )
+# How launchers record a rank's end, in their own lines (the host's, untagged). These records,
+# not whichever traceback printed first, say which rank failed first and how:
+#   torchrun's agent, as it sees a rank end:  "failed (exitcode: -9) local_rank: 0 (pid: 211) of binary: ..."
+#   torchrun's ChildFailedError summary:      "Root Cause (first observed failure):" then
+#                                             "rank      : 1 (local_rank: 0)", "exitcode  : -9 (pid: 211)  (SIGKILL)"
+#   the workshop's Horovod driver:            "[hvd_driver] ERROR: rank 1 exited with status -9; ..."
+#   the workshop's parameter-server driver:   "[ps_driver] the coordinator exited with status -9; ..." and
+#                                             "[ps_driver] ERROR: the parameter server exited with status 1 ..."
+_TORCHRUN_AGENT = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: \d+\)")
+_TORCHRUN_ROOT = "Root Cause (first observed failure):"
+_TORCHRUN_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d+) \(local_rank: \d+\)")
+_TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*: (?P<code>-?\d+)")
+_HVD_RANK = re.compile(r"\[hvd_driver\] ERROR: rank (?P<rank>\d+) exited with status (?P<code>-?\d+)")
+_PS_END = re.compile(r"\[ps_driver\] (?:ERROR: )?the (?P<role>coordinator|parameter server) exited with status (?P<code>-?\d+)")
+# The line that says what ended a rank: an exception's (the last line of a traceback) or argparse's.
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)\b|\S+: error: )")
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # PyTorch's own prefix on a rank's stderr lines
+# After the first host fails, the others get this long to end on their own (and their launchers to
+# record why) before they are stopped: a launcher stopped mid-way records nothing, and the rank
+# that failed first may be on a host whose launcher noticed a moment later than a peer's.
+SETTLE_S = 1.0
+
+# What a local run may ask of this machine (see `check_machine_fits`).
+CORES_WARN_RATIO = 4  # training processes per core above which the run is said to be slow
+CORES_REFUSE_RATIO = 16  # ... above which it is refused, unless allowed
+HOST_MEMORY_MB = 350  # one host's launchers: sm_train.sh, the driver, torchrun (about 320 MB measured)
+RANK_MEMORY_MB = 500  # one training process of the labs (about 300 MB measured for PyTorch; TensorFlow more)
+OVERSUBSCRIBE_ENV = "WORKSHOP_ALLOW_OVERSUBSCRIPTION"  # "1": allow_oversubscription=True where not passed
+
+
+class OversubscriptionWarning(UserWarning):
+    """A local cluster asks for more processes than this machine has cores for: it will be slow."""
 
 
 class TrainingFailed(WorkshopError):
@@ -123,6 +163,8 @@ class HostResult:
     log_path: Path
     returncode: int | None = None
     driver_started_s: float | None = None  # container runtime: when sm_train.sh ran the driver
+    # The run's `checkpoint_dir`, when it was given: the folder the host's /opt/ml/checkpoints is.
+    checkpoint_store: Path | None = None
 
     @property
     def model_dir(self) -> Path:
@@ -134,7 +176,8 @@ class HostResult:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.sandbox.checkpoint_dir
+        """Where this host's checkpoints are: the run's `checkpoint_dir` if given, else the sandbox's."""
+        return self.checkpoint_store or self.sandbox.checkpoint_dir
 
 
 @dataclass
@@ -180,6 +223,82 @@ class ClusterResult:
         return self
 
 
+@dataclass
+class RankEnd:
+    """How one rank (or a parameter server, which is no rank) ended, as its launcher recorded it."""
+
+    host: str
+    rank: str  # the global rank; "" for a parameter server
+    code: int | None  # exit status, or minus the signal that killed it; None: none recorded, a traceback
+    seen: int  # where the record is among the run's lines: the order in which launchers saw the ends
+    launcher: str  # who recorded it: "torchrun", "the Horovod driver", ...; "": no launcher did
+    role: str = ""  # "the coordinator" (lab 1)
+    lines: list[str] = field(default_factory=list, repr=False)  # its own last lines, tagged
+    consequence: bool = False  # it lost a peer (its error says so), or the stop ended it
+
+    @property
+    def who(self) -> str:
+        if not self.rank:
+            return f"the parameter server on {self.host}"
+        return f"rank {self.rank} on {self.host}" + (f" ({self.role})" if self.role else "")
+
+    @property
+    def how(self) -> str:
+        if self.code is None:
+            return "failed"
+        if self.code < 0:
+            return f"was killed by {_signal_name(-self.code)} (signal {-self.code})"
+        return f"exited with status {self.code}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _status(code: int) -> str:
+    return f"exit status {code}" if code >= 0 else f"killed by {_signal_name(-code)}"
+
+
+def _bare(line: str) -> str:
+    """A line without the cluster's `[host/rank]` tag and PyTorch's `[rankN]:` prefix."""
+    if line.startswith("[") and "] " in line:
+        line = line.split("] ", 1)[1]
+    return _RANK_PREFIX.sub("", line)
+
+
+def _final_block(lines: list[str]) -> list[str]:
+    """What a rank printed as it ended: its last traceback (with the ones chained before it), else
+    its last lines."""
+    recent = lines[-120:]
+    starts = [k for k, line in enumerate(recent) if _TRACEBACK_START in line]
+    if not starts:
+        return recent[-30:]
+    begin = starts[-1]
+    for start in reversed(starts[:-1]):  # "During handling of the above exception, ..." just before
+        if not any(_CHAINED.search(line) for line in recent[max(start, begin - 3):begin]):
+            break
+        begin = start
+    return recent[begin:]
+
+
+def _traceback(lines: list[str]) -> list[str]:
+    """A rank's final traceback, at most 60 lines (its start and its end); [] if it printed none."""
+    block = _final_block(lines)
+    if not block or _TRACEBACK_START not in block[0]:
+        return []
+    return block if len(block) <= 60 else [*block[:15], "    ...", *block[-45:]]
+
+
+def _last_error(lines: list[str], limit: int = 300) -> str:
+    """What ended a rank, in one line: the exception or argparse error it printed last, else its last line."""
+    texts = [text for text in (_bare(line).strip() for line in lines[-60:]) if text]
+    error = next((text for text in reversed(texts) if _ERROR_LINE.match(text)), texts[-1] if texts else "")
+    return error if len(error) <= limit else error[: limit - 3] + "..."
+
+
 def _ephemeral_range() -> tuple[int, int]:
     try:
         low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
@@ -215,9 +334,120 @@ def port_in_use(port: int) -> bool:
     return False
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when the process that started it dies."""
-    hostns.die_with_parent(signal.SIGTERM)
+def check_writable_folder(path: str | Path, what: str, fix: str) -> Path:
+    """`path`, resolved, if it is (or can be made) a folder this process can write in; else a
+    WorkshopError with `fix`.
+
+    Nothing is created: the nearest folder that exists is tried with a temporary file (which
+    also catches a read-only file system as root, which permission bits would not), so a bad
+    location is refused before any data is prepared or any process starts, not halfway through.
+    """
+    path = Path(path).expanduser().resolve()
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise WorkshopError(f"Cannot use {path} as {what}: {probe} is a file, not a folder.", fix)
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise WorkshopError(f"Cannot write {what} {path}: {probe} is not writable ({exc.strerror or exc}).", fix) from None
+    return path
+
+
+def _link_checkpoints(folder: Path, store: Path) -> None:
+    """Make a sandbox's new, empty checkpoint folder a link to `store` (the process runtime)."""
+    try:
+        folder.rmdir()
+    except OSError as exc:  # a run folder used again, with checkpoints of its own
+        raise WorkshopError(
+            f"{folder} already holds files, so it cannot become the checkpoint folder {store}.",
+            "give the run a new workdir (or leave workdir unset: each run gets a new folder).",
+        ) from exc
+    folder.symlink_to(store, target_is_directory=True)
+
+
+def _descendants(roots: set[int]) -> list[psutil.Process]:
+    """Every live descendant of the processes `roots`, from one look at the process table."""
+    children: dict[int, list[psutil.Process]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        children.setdefault(proc.info.get("ppid"), []).append(proc)
+    found, todo = [], list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child.pid)
+    return found
+
+
+def _usable_cores() -> int:
+    """The cores this process may use: its CPU affinity, capped by a cgroup's CPU quota."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def _available_memory_mb() -> int:
+    """Memory a run can have without swapping or the OOM killer: the system's, capped by a cgroup's."""
+    available = psutil.virtual_memory().available
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            available = min(available, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return max(0, available // 2**20)
+
+
+def check_machine_fits(hosts: int, procs_per_host: int, allow_oversubscription: bool = False) -> None:
+    """Refuse (WorkshopError) or warn (OversubscriptionWarning) about a cluster this machine cannot carry.
+
+    Every simulated host runs its launchers (sm_train.sh, the driver, torchrun: about
+    HOST_MEMORY_MB) and `procs_per_host` training processes (about RANK_MEMORY_MB each, the labs'
+    PyTorch ranks measured at 300 MB), all on this machine's cores. So:
+
+    - more than CORES_WARN_RATIO (4) training processes per core: a warning. Each gets a quarter
+      of a core or less; starting alone (importing PyTorch costs a few CPU-seconds per process)
+      takes minutes, and timeouts that real instances never meet (Horovod's Gloo timeout, a
+      rendezvous) can fail the job.
+    - more than CORES_REFUSE_RATIO (16) per core, or more memory than is available: refused.
+      Such a run spends minutes just starting, looks hung, and past the memory the kernel's OOM
+      killer sends SIGKILL to ranks, which reads as the job's own failure.
+    `allow_oversubscription` (or OVERSUBSCRIBE_ENV=1, for the command line) turns the refusal
+    into the warning: for scripts far lighter than training (a test's probe), or to see it happen.
+    """
+    world, cores = hosts * procs_per_host, _usable_cores()
+    need_mb = hosts * HOST_MEMORY_MB + world * RANK_MEMORY_MB
+    have_mb = _available_memory_mb()
+    shape = f"{hosts} host(s) x {procs_per_host} process(es) = {world} training processes"
+    per_core = f"{world / cores:.1f} per core on {cores} core(s)"
+    memory = (f"about {need_mb / 1024:.1f} GiB of memory ({HOST_MEMORY_MB} MB per host, {RANK_MEMORY_MB} MB per "
+              f"process) with {have_mb / 1024:.1f} GiB available")
+    too_many, too_big = world > CORES_REFUSE_RATIO * cores, need_mb > have_mb
+    if (too_many or too_big) and not allow_oversubscription:
+        reasons = ([f"{per_core}, more than {CORES_REFUSE_RATIO} per core"] if too_many else []) + ([memory] if too_big else [])
+        fits = max(1, min(CORES_REFUSE_RATIO * cores // procs_per_host,
+                          have_mb // (HOST_MEMORY_MB + procs_per_host * RANK_MEMORY_MB)))
+        raise WorkshopError(
+            f"This machine cannot carry {shape}: " + "; ".join(reasons) + ". Starting them would take "
+            "minutes, look hung, and could end with the kernel killing ranks for memory.",
+            f"use fewer hosts (at most {fits} of {procs_per_host} process(es) here), or, for a script much "
+            f"lighter than training, pass allow_oversubscription=True (on the command line: {OVERSUBSCRIBE_ENV}=1).",
+        )
+    if world > CORES_WARN_RATIO * cores or too_big:
+        warnings.warn(
+            f"{shape}: {per_core}" + (f", {memory}" if too_big else "") + ". More than "
+            f"{CORES_WARN_RATIO} per core is slow to start and to train, and timeouts that real instances never "
+            "meet may fail the run.",
+            OversubscriptionWarning,
+            stacklevel=3,
+        )
 
 
 def choose_runtime(requested: str = "auto") -> tuple[str, str]:
@@ -254,8 +484,14 @@ class LocalCluster:
         sm_drivers_dir: str | Path | None = None,
         container_command: Sequence[str] | None = None,
         instance_type: str | None = None,
+        runs_dir: str | Path | None = None,
+        allow_oversubscription: bool | None = None,
     ):
-        """`runtime`: "container" (needs Linux namespaces), "process", or "auto" (container
+        """`workdir` is the run's own folder; without it each run gets a new folder under
+        `runs_dir` (default: the checkout's `runs/`). Either must be writable: that is checked
+        here, before anything starts, so a read-only checkout is told where to point instead.
+
+        `runtime`: "container" (needs Linux namespaces), "process", or "auto" (container
         where possible, else process, said so). Container runtime only: `internet` gives the
         hosts this machine's network (a job with a route out) instead of a private one with
         nothing but loopback; `start_skew_s` delays each host's start (a number: host h starts
@@ -264,6 +500,10 @@ class LocalCluster:
         (default: built here by the installed SDK, as `ModelTrainer` builds it);
         `container_command` the image entrypoint and arguments (default: the SDK's, which
         runs `sm_train.sh`); `instance_type` what the hosts say they are (default "local").
+
+        A cluster far bigger than this machine is refused, and one bigger than its cores is
+        warned about (`check_machine_fits` has the thresholds); `allow_oversubscription=True`
+        (default: the WORKSHOP_ALLOW_OVERSUBSCRIPTION variable) turns the refusal into the warning.
         """
         if not isinstance(hosts, int) or hosts < 1:
             raise WorkshopError(f"hosts must be a whole number of at least 1, got {hosts!r}.", "use --hosts 1 or more.")
@@ -272,6 +512,9 @@ class LocalCluster:
                 f"procs_per_host must be a whole number of at least 1, got {procs_per_host!r}.",
                 "use --procs-per-host 1 or more.",
             )
+        if allow_oversubscription is None:
+            allow_oversubscription = os.environ.get(OVERSUBSCRIBE_ENV, "") not in ("", "0")
+        check_machine_fits(hosts, procs_per_host, allow_oversubscription)
         self.source_dir = Path(source_dir).resolve()
         self.entry_script = entry_script
         if not (self.source_dir / entry_script).is_file():
@@ -284,6 +527,12 @@ class LocalCluster:
         self.distributed = distributed
         self.name = re.sub(r"[^A-Za-z0-9-]+", "-", name).strip("-") or "local-job"
         self.workdir = Path(workdir) if workdir else None
+        self.runs_dir = Path(runs_dir) if runs_dir else DEFAULT_RUNS_DIR
+        check_writable_folder(
+            self.workdir or self.runs_dir, "the run folder",
+            "run it with --workdir DIR, a folder you can write (its runs go to DIR/runs); in Python "
+            "pass workdir= (this run's folder) or runs_dir= (where runs go).",
+        )
         cpus = os.cpu_count() or 1
         # Each simulated host gets its share of this machine, so that scripts sizing their
         # thread pools from SM_NUM_CPUS do not oversubscribe the cores.
@@ -365,6 +614,17 @@ class LocalCluster:
             checked[name] = p.resolve()
         return checked
 
+    @staticmethod
+    def checkpoint_store(checkpoint_dir: str | Path | None) -> Path | None:
+        """`checkpoint_dir` resolved, once checked writable (nothing is made): `run` checks it, and
+        callers that prepare data first can check it before that (see `workshop.runner`)."""
+        if not checkpoint_dir:
+            return None
+        return check_writable_folder(
+            checkpoint_dir, "the checkpoint folder",
+            "pass --checkpoint-dir (checkpoint_dir= in Python) a folder you can write.",
+        )
+
     def resolve_runtime(self) -> tuple[str, str]:
         """("container" or "process", why), as `run` will use it."""
         return choose_runtime(self.runtime)
@@ -380,12 +640,21 @@ class LocalCluster:
     ) -> ClusterResult:
         """Run the job on every simulated host; return (or, with check, raise on) the result.
 
-        `checkpoint_dir` stands in for the job's checkpoint S3 URI: its files are copied into
-        every host's checkpoint folder before the start and the hosts' files back into it at
-        the end, as SageMaker's CheckpointConfig does, so a second run resumes.
+        `checkpoint_dir` stands in for the job's checkpoint S3 URI, and it *is* every host's
+        checkpoint folder (`/opt/ml/checkpoints`, SM_CHECKPOINT_DIR) from the first write: the
+        container runtime mounts it there, the process runtime links it there. So a run that is
+        killed any way at all (its notebook's kernel with it, by SIGKILL) loses at most the
+        checkpoint being written, and a second run with the same folder resumes from it. All
+        hosts share it, as on SageMaker every host syncs its folder with the same S3 prefix; the
+        labs' scripts read and write it from rank 0 only (lab 1: through the coordinator, on
+        algo-1), so hosts never race on a file. Without it, each host has a folder of its own
+        in its sandbox.
         """
         hyperparameters = dict(hyperparameters or {})
         chans = self._check_channels(channels or {})
+        store = self.checkpoint_store(checkpoint_dir)
+        if store is not None:
+            store.mkdir(parents=True, exist_ok=True)
         runtime, why = self.resolve_runtime()
         container = runtime == "container"
         driver, distributed = self._driver()
@@ -395,7 +664,7 @@ class LocalCluster:
             port = self.master_port or self._pick_port()
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         job_name = f"{self.name}-{stamp}-{uuid.uuid4().hex[:4]}"
-        workdir = (self.workdir or DEFAULT_RUNS_DIR / job_name).resolve()
+        workdir = (self.workdir or self.runs_dir / job_name).resolve()
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
         cluster_id = uuid.uuid4().hex
         names = host_names(self.hosts)
@@ -419,13 +688,15 @@ class LocalCluster:
         specs: list[tuple[Path, hostns.HostSpec]] = []  # container runtime: written once the holder runs
         for host_rank, host in enumerate(names):
             sandbox = HostSandbox(workdir / host)
+            if sandbox.checkpoint_dir.is_symlink():  # a run folder used again: made afresh below
+                sandbox.checkpoint_dir.unlink()
             sandbox.create(
                 current_host=host, hosts=names, channels=chans, hyperparameters=hyperparameters,
                 source_dir=self.source_dir, instance_type=instance_type,
                 sm_drivers=drivers_dir,
             )
-            if checkpoint_dir and Path(checkpoint_dir).is_dir():
-                shutil.copytree(checkpoint_dir, sandbox.checkpoint_dir, dirs_exist_ok=True)
+            if store is not None and not container:  # the container runtime mounts it (HostSpec.checkpoints)
+                _link_checkpoints(sandbox.checkpoint_dir, store)
             if container:
                 env = container_process_env(job_name)
             else:
@@ -456,13 +727,14 @@ class LocalCluster:
                 env.update(hostns.proxy_env(names))
             env.update(self.extra_env)
             envs.append(env)
-            hosts.append(HostResult(host, host_rank, sandbox, workdir / "logs" / f"{host}.log"))
+            hosts.append(HostResult(host, host_rank, sandbox, workdir / "logs" / f"{host}.log", checkpoint_store=store))
             if container:
                 mine = [cpus[(host_rank * share + i) % len(cpus)] for i in range(share)]
                 spec = hostns.HostSpec(
                     hostname=host, sandbox=str(sandbox.root), hosts_file=str(hosts_file),
                     command=self.container_command or container_command(), holder_pid=0,
                     stash=str(ns_dir / f"opt-{host}"), start_delay_s=self.start_delays[host_rank], cpus=mine,
+                    checkpoints=str(store) if store is not None else "",
                 )
                 specs.append((ns_dir / f"{host}.json", spec))
                 commands.append([sys.executable, "-m", "workshop.runtime.hostns", "host", str(ns_dir / f"{host}.json")])
@@ -498,11 +770,6 @@ class LocalCluster:
         finally:
             if holder is not None:
                 holder.close()
-            if checkpoint_dir:
-                Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
-                for host in reversed(hosts):  # algo-1 (rank 0's host) copied last wins
-                    if host.checkpoint_dir.is_dir():
-                        shutil.copytree(host.checkpoint_dir, checkpoint_dir, dirs_exist_ok=True)
         result = ClusterResult(
             job_name=job_name, returncode=returncode, hosts=hosts, records=metrics.parse_lines(lines),
             wall_time_s=runner.wall_time_s, workdir=workdir, log_path=workdir / "logs" / "cluster.log",
@@ -539,23 +806,37 @@ class _Run:
         self.driver_started: dict[str, float] = {}  # host -> seconds after the start when its driver ran
         self._setup_noted: set[str] = set()  # hosts whose first set-up line was echoed
         self.t0 = 0.0  # set when run() starts the hosts
+        # When the stop began: lines before it (and hosts that had ended by then) are the job's own
+        # doing; what follows is the stop's.
+        self.stop_line: int | None = None
+        self.ended_before_stop: set[int] = set()
 
     def _start(self) -> None:
-        for host, env, cmd in zip(self.hosts, self.envs, self.commands, strict=True):
-            proc = subprocess.Popen(
-                cmd,
-                cwd=host.sandbox.code_dir,  # sm_train.sh: cd /opt/ml/input/data/code
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group, so it can be stopped as one
-                preexec_fn=_die_with_parent,
-            )
-            self.procs.append(proc)
-            reader = threading.Thread(target=self._read, args=(host, proc), daemon=True)
-            reader.start()
-            self.readers.append(reader)
+        """Start every host; a Ctrl-C meanwhile stops the start between two hosts.
+
+        Each host's first process (`hostns host`, `run_driver`) asks to die with us itself
+        (`hostns.die_with_parent_from_start`), so Popen needs no `preexec_fn`: Python code run
+        between fork and exec forces a full fork of this (threaded) process and can deadlock on a
+        lock a reader thread held, leaving this thread waiting for an exec that never comes.
+        Without it, Popen returns once the child has exec'd. A Ctrl-C during a Popen is held back
+        until the process is recorded (DeferredInterrupt), so every started host is stopped.
+        """
+        with DeferredInterrupt() as interrupt:
+            for host, env, cmd in zip(self.hosts, self.envs, self.commands, strict=True):
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=host.sandbox.code_dir,  # sm_train.sh: cd /opt/ml/input/data/code
+                    env={**env, PARENT_ENV: str(os.getpid())},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group, so it can be stopped as one
+                )
+                self.procs.append(proc)
+                reader = threading.Thread(target=self._read, args=(host, proc), daemon=True)
+                reader.start()
+                self.readers.append(reader)
+                interrupt.check()
 
     def _read(self, host: HostResult, proc: subprocess.Popen) -> None:
         """Split a host's output into whole lines per rank, each tagged `[host/rank]`."""
@@ -637,6 +918,9 @@ class _Run:
                     failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
                     if failed:
                         failed_host, returncode = failed[0], codes[failed[0]]
+                        settle = time.monotonic() + SETTLE_S  # the others' launchers record their ends
+                        while time.monotonic() < settle and any(p.poll() is None for p in self.procs):
+                            self._drain(0.05)
                         break
                     if all(code == 0 for code in codes):
                         break
@@ -646,19 +930,121 @@ class _Run:
                         break
             finally:
                 # Also on KeyboardInterrupt (Ctrl-C, a notebook's interrupt): nothing outlives the run.
-                self._stop_all()
-                for reader in self.readers:
-                    reader.join(timeout=5)
-                self._drain()
-                for host, proc in zip(self.hosts, self.procs, strict=False):
-                    host.returncode = proc.returncode
-                    host.driver_started_s = self.driver_started.get(host.name)
-                self.wall_time_s = time.monotonic() - t0
+                # A second Ctrl-C while stopping waits until everything is stopped (seconds).
+                with DeferredInterrupt():
+                    self._stop_all()
+                    deadline = time.monotonic() + 5
+                    for reader in self.readers:
+                        reader.join(timeout=max(0.0, deadline - time.monotonic()))
+                    self._drain()
+                    for host, proc in zip(self.hosts, self.procs, strict=False):
+                        host.returncode = proc.returncode
+                        host.driver_started_s = self.driver_started.get(host.name)
+                    self.wall_time_s = time.monotonic() - t0
         if failed_host is not None:
             failure = self._describe_failure(failed_host, returncode)
         return returncode, failure, self.all_lines
 
     def _describe_failure(self, i: int, code: int) -> str:
+        """The failure report: which rank failed first and how, then what followed from it.
+
+        From the launchers' own records of how their ranks ended (`_rank_ends`), not from
+        whichever traceback printed first: a rank killed by a signal prints none, while the
+        peers it leaves behind print lost-connection tracebacks, and torchrun answers a rank's
+        argparse error with a ChildFailedError traceback of its own. The first line names the
+        rank, its host and how it ended ("Rank 1 on algo-2 was killed by SIGKILL (signal 9)."),
+        its own last lines or traceback follow, and the peers' failures come after as what they
+        are, consequences ("Then: rank 0 on algo-1 lost its peer ...").
+        """
+        ends = self._rank_ends()
+        if not any(e.code is not None for e in ends):  # no launcher recorded a rank (basic script driver)
+            return self._describe_host_failure(i, code)
+        before_stop = [e for e in ends if self.stop_line is None or e.seen < self.stop_line] or ends
+        # A launcher's record first (it also knows a signal); a rank that lost its peer last.
+        root, *rest = sorted(before_stop, key=lambda e: (e.consequence, e.code is None, e.seen))
+        error = _last_error(root.lines) if root.code is None or root.code >= 0 else ""
+        first = f"{root.who[0].upper()}{root.who[1:]} {'lost its peer and ' if root.consequence else ''}{root.how}"
+        message = [first + (f": {error}" if error else ".")]
+        if root.code == -signal.SIGKILL:
+            message.append("(SIGKILL from outside the job often means the machine ran out of memory.)")
+        j = next(k for k, h in enumerate(self.hosts) if h.name == root.host)
+        if j in self.ended_before_stop and self.procs[j].returncode:
+            message.append(f"Host {root.host} failed ({_status(self.procs[j].returncode)}); the other hosts were stopped.")
+        else:
+            message.append(f"Host {self.hosts[i].name} failed first ({_status(code)}); the other hosts were stopped.")
+        if root.consequence:
+            message.append("No launcher recorded an earlier failure; the hosts' logs show what came before.")
+        source = f"{root.launcher} recorded how it ended" if root.launcher else "its launcher recorded no exit before the stop"
+        traceback = _traceback(root.lines)
+        if (root.code is None or root.code >= 0) and traceback:
+            message.append(f"Its traceback ({source}):")
+            message += traceback
+        elif root.lines:
+            message.append(f"Its last lines ({source}):")
+            message += root.lines[-(10 if root.code is not None and root.code < 0 else 20):]
+        for end in rest[:8]:
+            said = _last_error(end.lines) if end.code is None or end.code >= 0 else ""
+            how = ("lost its peer" + (f" ({_status(end.code)})" if end.code is not None else "")) if end.consequence else end.how
+            message.append(f"Then: {end.who} {how}" + (f": {said}" if said else "."))
+        if len(rest) > 8:
+            message.append(f"Then: {len(rest) - 8} more rank(s) failed; see the logs.")
+        return "\n".join(message)
+
+    def _rank_ends(self) -> list[RankEnd]:
+        """How every failed rank ended, as its launcher recorded it (see `_TORCHRUN_AGENT` and
+        the patterns after it), each with its own last lines; one record per rank, the first."""
+        ends: dict[tuple[str, str], RankEnd] = {}
+        for host in self.hosts:
+            in_root, root_rank = False, None  # inside torchrun's "Root Cause" block, its rank
+            for n, line in self.tails.get((host.name, ""), ()):
+                text = line.split("] ", 1)[-1]
+                found = None
+                if m := _TORCHRUN_AGENT.search(text):
+                    local = int(m["local"])
+                    found = (str(host.host_rank * self.c.procs_per_host + local), int(m["code"]), "torchrun", "")
+                elif _TORCHRUN_ROOT in text:
+                    in_root, root_rank = True, None
+                elif in_root and (m := _TORCHRUN_RANK.match(text)):
+                    root_rank = m["rank"]
+                elif in_root and root_rank is not None and (m := _TORCHRUN_EXIT.match(text)):
+                    found, in_root = (root_rank, int(m["code"]), "torchrun", ""), False
+                elif m := _HVD_RANK.search(text):
+                    found = (m["rank"], int(m["code"]), "the Horovod driver", "")
+                elif m := _PS_END.search(text):
+                    coordinator = m["role"] == "coordinator"
+                    found = (str(host.host_rank) if coordinator else "", int(m["code"]),
+                             "the parameter-server driver", "the coordinator" if coordinator else "")
+                if found and found[1] != 0 and (host.name, found[0]) not in ends:
+                    rank, code, launcher, role = found
+                    own = self._own_lines(host, rank)
+                    stopped = self.stop_line is not None and n >= self.stop_line
+                    ends[(host.name, rank)] = RankEnd(
+                        host.name, rank, code, n, launcher, role, own,
+                        consequence=stopped or any(_PEER_LOST.search(t) for t in _final_block(own)),
+                    )
+        # Ranks whose launcher had not recorded their exit when the stop came, but whose traceback
+        # was out by then (a launcher that polls its ranks every second, one stopped mid-way).
+        for (host_name, rank), tail in self.tails.items():
+            if not rank or (host_name, rank) in ends:
+                continue
+            printed = [(n, line) for n, line in tail if self.stop_line is None or n < self.stop_line]
+            block = _final_block([line for _, line in printed])
+            if block and _TRACEBACK_START in block[0]:
+                seen = printed[len(printed) - len(block)][0]
+                ends[(host_name, rank)] = RankEnd(host_name, rank, None, seen, "", "", [line for _, line in printed],
+                                                  consequence=any(_PEER_LOST.search(t) for t in block))
+        return list(ends.values())
+
+    def _own_lines(self, host: HostResult, rank: str) -> list[str]:
+        """A rank's own lines (a parameter server's: its tagged lines in its host's output)."""
+        if rank:
+            return [line for _, line in self.tails.get((host.name, rank), ())]
+        tag = f"[ps{host.host_rank}] "
+        return [line.replace(tag, "", 1) for _, line in self.tails.get((host.name, ""), ())
+                if line.split("] ", 1)[-1].startswith(tag)]
+
+    def _describe_host_failure(self, i: int, code: int) -> str:
+        """The report without launcher records: the failed host, and the first traceback."""
         host = self.hosts[i]
         how = f"exit status {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
         message = f"Host {host.name} failed ({how}); the other hosts were stopped."
@@ -698,14 +1084,17 @@ class _Run:
 
     def _stop_all(self) -> None:
         """SIGTERM every host's process group, SIGKILL what is left after the grace period,
-        then sweep for anything still carrying this cluster's marker."""
+        then sweep for anything still carrying this cluster's marker until nothing does.
+
+        Bounded whatever the hosts do: one pass over the process table for their descendants (not
+        one per host: 64 hosts mid-start), one grace period for all, sweeps until none is found
+        (a process may fork between a sweep's look and its kill), one last wait for all."""
+        self._drain()
+        self.stop_line = len(self.all_lines)
+        self.ended_before_stop = {i for i, p in enumerate(self.procs) if p.poll() is not None}
         live = [p for p in self.procs if p.poll() is None]
-        descendants: list[psutil.Process] = []
+        descendants = _descendants({p.pid for p in live})
         for proc in live:
-            try:
-                descendants += psutil.Process(proc.pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                pass
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
             except (ProcessLookupError, PermissionError):
@@ -719,14 +1108,21 @@ class _Run:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-        for child in descendants + processes_with_marker(self.cluster_id):
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
+        found = descendants + processes_with_marker(self.cluster_id)
+        for _ in range(20):
+            for child in found:
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            found = processes_with_marker(self.cluster_id)
+            if not found:
+                break
+            time.sleep(0.1)
+        deadline = time.monotonic() + 5
         for proc in self.procs:
             try:
-                proc.wait(timeout=5)
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

@@ -10,7 +10,8 @@ The local cluster does the same with this wrapper, which changes exactly two thi
    (`container_drivers/common/utils.py: FAILURE_FILE`). Here it goes to `SM_OUTPUT_FAILURE`,
    inside the host's sandbox.
 2. The local cluster stops a host by signalling its process group. A SIGTERM that reaches
-   only this process (the parent died and the kernel sent PR_SET_PDEATHSIG) is forwarded to
+   only this process (the parent died and the kernel sent PR_SET_PDEATHSIG, which this process
+   asks for first thing: `hostns.die_with_parent_from_start`) is forwarded to
    the whole group, so the launcher the driver started (torchrun, mpirun) shuts its workers
    down instead of being orphaned. Launchers start their workers in sessions of their own, and
    one signalled while it is still starting them may not know them yet (torchrun, between
@@ -29,37 +30,8 @@ import signal
 import sys
 from pathlib import Path
 
-GRACE_S = 10.0
-_PARENT = os.getppid()  # the local cluster; if it is gone, nobody else will sweep this run
-
-
-def _sweep_run(grace_s: float = GRACE_S) -> None:
-    """After the launcher's own shutdown has had `grace_s`, SIGKILL every process of this run."""
-    import time
-
-    from workshop.runtime.processes import MARKER, processes_with_marker
-
-    cluster_id = os.environ.get(MARKER)
-    if not cluster_id:
-        return
-    deadline = time.monotonic() + grace_s
-    while (left := processes_with_marker(cluster_id)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for proc in left:
-        try:
-            proc.kill()
-        except Exception:  # noqa: BLE001 - gone already, or not ours to kill
-            pass
-
-
-def forward_sigterm(signum, frame):  # noqa: ARG001
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group signal below reaches us too
-    try:
-        os.killpg(os.getpgrp(), signal.SIGTERM)
-        if os.getppid() != _PARENT:  # the local cluster died (PR_SET_PDEATHSIG): sweep for it
-            _sweep_run()
-    finally:
-        os._exit(128 + signum)
+from workshop.runtime.hostns import die_with_parent_from_start
+from workshop.runtime.processes import forward_sigterm
 
 
 def main(argv: list[str]) -> None:
@@ -67,6 +39,7 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m workshop.runtime.run_driver DRIVER_SCRIPT")
     driver = Path(argv[0]).resolve()
     signal.signal(signal.SIGTERM, forward_sigterm)
+    die_with_parent_from_start(signal.SIGTERM)  # as the local cluster's preexec_fn once did
     drivers_root = driver.parent.parent  # the drivers import `common.utils` from here
     sys.path.insert(0, str(drivers_root))
     failure_file = os.environ.get("SM_OUTPUT_FAILURE")

@@ -37,6 +37,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build_horovod.sh"
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 HOROVOD_VERSION = "0.28.1"
 RECORD = "horovod-build.json"
 EXTENSIONS = {"pytorch": ("horovod.torch", "torch"), "tensorflow": ("horovod.tensorflow", "tensorflow")}

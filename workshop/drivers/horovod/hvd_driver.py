@@ -69,8 +69,10 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 DEFAULT_FAILURE_FILE = "/opt/ml/output/failure"
 EXTENSIONS = {"pytorch": "horovod.torch", "tensorflow": "horovod.tensorflow"}
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 HOROVOD_VERSION = "0.28.1"  # workshop.launchers.horovod.HOROVOD_VERSION (a test keeps them equal)
 WHEEL_CHANNEL_ENV = "SM_CHANNEL_HOROVOD"  # the `horovod` input channel of wheels
 READY_SCOPE = "workshop_ready"  # key-value scope on algo-1's rendezvous server: host -> ready/failed
@@ -85,6 +87,7 @@ def log(message: str) -> None:
     print(f"[hvd_driver] {message}", flush=True)
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def is_loopback(address: str) -> bool:
     if address == "localhost":
         return True
@@ -94,6 +97,7 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def hyperparameters_to_cli_args(hyperparameters: dict) -> list[str]:
     """As the SDK's drivers pass them: strings as they are, everything else as JSON."""
     args: list[str] = []
@@ -102,6 +106,7 @@ def hyperparameters_to_cli_args(hyperparameters: dict) -> list[str]:
     return args
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def write_failure_file(message: str) -> None:
     path = os.environ.get("SM_OUTPUT_FAILURE") or DEFAULT_FAILURE_FILE
     try:

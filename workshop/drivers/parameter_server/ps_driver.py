@@ -26,8 +26,12 @@ so a job uses the 2N ports base..base+2N-1. On SageMaker every host is reached b
 (algo-N); when SM_MASTER_ADDR is a loopback address (the local cluster), every simulated host
 is SM_MASTER_ADDR and the distinct ports keep the 2N servers apart.
 
-Processes per host: `python <entry> --role ps ...` and `python <entry> --role chief|worker ...`
-(the job's hyperparameters follow as flags), each with its own `TF_CONFIG`. Their output is
+Processes per host: two runs of the entry script, `python <entry> <hyperparameters>`, as SageMaker's
+script mode runs it (the job's hyperparameters as flags, nothing else), one for the host's `ps`
+task and one for its `chief` or `worker` task. Each learns its role from its own `TF_CONFIG`
+(`task.type`: "ps", "chief" or "worker"; TensorFlow's convention, which
+`TFConfigClusterResolver` reads), so a script written for `ParameterServerStrategy` runs
+unchanged: no launcher flag its argument parser would refuse. Their output is
 forwarded line by line, tagged `[ps<i>] ` (parameter server) or `[chief0]: ` / `[worker<k>]: `
 (the training roles; the local cluster shows those as `[algo-h/<host rank>]`).
 
@@ -64,6 +68,7 @@ import threading
 import time
 
 SIGNAL_PERIOD_S = 0.1
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 DEFAULT_FAILURE_FILE = "/opt/ml/output/failure"
 
 
@@ -74,6 +79,7 @@ def log(message: str) -> None:
 # ----------------------------------------------------------------------------- topology
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def is_loopback(address: str) -> bool:
     if address == "localhost":
         return True
@@ -133,6 +139,7 @@ def tf_configs(hosts: list[str], current_host: str, master_addr: str, base_port:
 # ----------------------------------------------------------------------------- processes
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def hyperparameters_to_cli_args(hyperparameters: dict) -> list[str]:
     """As the SDK's drivers pass them: strings as they are, everything else as JSON."""
     args: list[str] = []
@@ -141,6 +148,7 @@ def hyperparameters_to_cli_args(hyperparameters: dict) -> list[str]:
     return args
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def write_failure_file(message: str) -> None:
     path = os.environ.get("SM_OUTPUT_FAILURE") or DEFAULT_FAILURE_FILE
     try:
@@ -237,10 +245,12 @@ def main() -> int:
     def start(role: str, index: int, tag: str) -> Child:
         child_env = dict(env)
         child_env["TF_CONFIG"] = json.dumps(configs[role])
-        cmd = [python, entry, "--role", role, *args]
-        log(f"starting {role} {index}: TF_CONFIG task {json.dumps(configs[role]['task'])}; {' '.join(cmd)}")
+        cmd = [python, entry, *args]  # script mode: the hyperparameters only; the role is in TF_CONFIG
         child = Child(f"{role}{index}", tag, cmd, child_env)
         children.append(child)
+        # The pid is said because the command lines of a host's two processes are the same.
+        log(f"started {role} {index} (pid {child.proc.pid}): TF_CONFIG task {json.dumps(configs[role]['task'])}; "
+            f"{' '.join(cmd)}")
         return child
 
     def on_sigterm(signum, frame):  # noqa: ARG001

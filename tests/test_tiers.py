@@ -1,0 +1,105 @@
+"""The test tiers' guard (tests/conftest.py): a test not marked slow cannot start training.
+
+These tests start nothing: each launch below is refused before a process exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import conftest
+import pytest
+from conftest import PROBE_CODE, TrainingInFastTest, training_launch
+
+PY = sys.executable
+BIN = Path(PY).parent
+
+
+def _item(slow: bool = False) -> SimpleNamespace:
+    """What the guard reads of a test item."""
+    return SimpleNamespace(nodeid="tests/test_example.py::test_example",
+                           get_closest_marker=lambda name: object() if slow and name == "slow" else None)
+
+
+@pytest.mark.parametrize(("command", "shell"), [
+    ([str(BIN / "torchrun"), "--nproc-per-node", "2", "train.py"], False),
+    (["horovodrun", "--gloo", "-np", "2", PY, "train_pytorch.py"], False),
+    (["mpirun", "-np", "2", "python", "x.py"], False),
+    ([PY, "3_data_parallel/code/train.py", "--epochs", "1"], False),
+    ([PY, "-u", "tests/fixtures/probe/train.py"], False),
+    ([PY, "4_model_parallel/code/tp_pp_demo.py"], False),
+    ([PY, "benchmarks/bench_allreduce.py", "--ranks", "2"], False),
+    ([PY, "benchmarks/workers/cnn_worker.py"], False),
+    ([PY, "-m", "workshop", "run", "3_data_parallel"], False),
+    ([PY, "4_model_parallel/measure.py"], False),
+    ([PY, "-m", "workshop.runtime.run_driver", "/tmp/driver.py"], False),
+    ([PY, "-m", "workshop.runtime.hostns", "host", "/tmp/algo-1.json"], False),
+    ([PY, "-m", "torch.distributed.run", "--standalone", "x.py"], False),
+    ([PY, "-m", "ipykernel_launcher", "-f", "kernel.json"], False),
+    ([PY, "-c", "from workshop.runtime.local_cluster import LocalCluster; LocalCluster('.').run()"], False),
+    (["bash", "/opt/ml/input/data/sm_drivers/sm_train.sh"], False),
+    ("torchrun --standalone train.py", True),
+    (["bash", "-c", "cd code && python train.py"], False),
+])
+def test_training_launches_are_recognised(command, shell: bool) -> None:
+    assert training_launch(command, shell=shell)
+
+
+@pytest.mark.parametrize("command", [
+    [PY, "3_data_parallel/code/train.py", "--help"],
+    ["horovodrun", "--check-build"],
+    [PY, "benchmarks/bench_runtime.py", "--help"],
+    [PY, "benchmarks/planner_validation.py", "--out", "x.md"],
+    [PY, "-m", "workshop", "labs"],
+    [PY, "-m", "workshop.datasets", "mnist", "data"],
+    [PY, "-m", "workshop.runtime.hostns", "probe"],
+    [PY, "-m", "workshop.runtime.hostns", "hold"],
+    [PY, "-m", "compileall", "-q", "1_parameter_server/code"],
+    [PY, "-c", "import time; time.sleep(1)"],
+    ["bash", "-c", "set -e; source env; printf %s x"],
+    ["git", "status"],
+    "python3 -m pip install wheel.whl",
+])
+def test_other_commands_are_not_training(command) -> None:
+    assert training_launch(command) is None
+
+
+def test_a_launch_in_a_test_not_marked_slow_fails_it_with_the_fix() -> None:
+    with pytest.raises(TrainingInFastTest, match=r"test_example is not marked slow .*torchrun.*mark it @pytest\.mark\.slow"):
+        with conftest._training_guard(_item()):
+            subprocess.run([str(BIN / "torchrun"), "--standalone", "train.py"], check=False)
+
+
+def test_a_swallowed_refusal_still_fails_the_test() -> None:
+    with pytest.raises(pytest.fail.Exception, match=r"mark it @pytest\.mark\.slow"):
+        with conftest._training_guard(_item()):
+            with contextlib.suppress(Exception):
+                subprocess.Popen([PY, "-m", "workshop", "run", "3_data_parallel"])
+
+
+def test_a_local_cluster_run_is_stopped_before_its_hosts_start(tmp_path: Path, channels) -> None:
+    from workshop.runtime.local_cluster import LocalCluster
+
+    cluster = LocalCluster(PROBE_CODE, "train.py", runtime="process", workdir=tmp_path / "run", echo=False)
+    with pytest.raises(TrainingInFastTest, match="LocalCluster|local-cluster host"):
+        with conftest._training_guard(_item()):
+            cluster.run({}, channels)
+
+
+def test_slow_tests_and_other_commands_pass_the_guard() -> None:
+    with conftest._training_guard(_item(slow=True)):
+        assert training_launch([str(BIN / "torchrun"), "x.py"])  # a slow test may; nothing started here
+    with conftest._training_guard(_item()):
+        proc = subprocess.run([PY, "-c", "print('ok')"], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "ok"
+
+
+def test_notebooks_are_marked_slow_at_collection() -> None:
+    marks: dict[str, list] = {"lab.ipynb": [], "test_x.py": []}
+    items = [SimpleNamespace(path=Path(name), add_marker=marks[name].append) for name in marks]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [m.name for m in marks["lab.ipynb"]] == ["slow"] and marks["test_x.py"] == []

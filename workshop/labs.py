@@ -12,12 +12,11 @@ folder: nothing in `workshop/` names a lab.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 
 from workshop import REPO_ROOT
 from workshop.errors import WorkshopError
-from workshop.spec import Lab, SageMakerDefaults, hyperparameters_to_argv
+from workshop.spec import Lab, SageMakerDefaults, hyperparameters_to_argv, load_module
 
 __all__ = ["LABS", "Lab", "SageMakerDefaults", "get_lab", "get_labs", "hyperparameters_to_argv", "job_keys",
            "load_lab_folder"]
@@ -30,9 +29,7 @@ def load_lab_folder(folder: str | Path) -> list[Lab]:
     path = Path(folder).resolve() / "lab.py"
     if not path.is_file():
         raise WorkshopError(f"{path.parent} has no lab.py.", "define LAB = workshop.spec.Lab(...) in it (see CONTRIBUTING.md).")
-    spec = importlib.util.spec_from_file_location(f"_workshop_lab_spec_{path.parent.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module(path, f"_workshop_lab_spec_{path.parent.name}")
     labs = list(getattr(module, "LABS", None) or [getattr(module, "LAB", None)])
     for i, lab in enumerate(labs):
         if not isinstance(lab, Lab):

@@ -174,10 +174,7 @@ class Lab:
 
     def load_script(self) -> ModuleType:
         """Import the entry script as a module (without running its `main`)."""
-        spec = importlib.util.spec_from_file_location(f"_workshop_lab_{self.key}", self.entry_path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        return load_module(self.entry_path, f"_workshop_lab_{self.key}")
 
     def validate_hyperparameters(
         self, hyperparameters: Mapping[str, Any], world_size: int = 1, train_samples: int | None = None
@@ -233,6 +230,15 @@ def split_fix(text: str, hyperparameters: Mapping[str, Any]) -> tuple[str, str |
     if flags:
         fix = f"{fix.rstrip('.')}. On the command line: --hp {flags[0]}=VALUE."
     return rules.rstrip(". "), fix
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Execute the Python file `path` as a module called `name` (not added to `sys.modules`): a
+    lab's script or spec, or a driver that ships on its own, read without being installed."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def hyperparameters_to_argv(hyperparameters: Mapping[str, Any]) -> list[str]:

@@ -43,7 +43,7 @@ from workshop.cloud.prices import INSTANCE_PRICES
 from workshop.errors import WorkshopError
 from workshop.jobs import SOURCE_IGNORE_PATTERNS, JobPlan, PrepStep, is_gpu_instance, submit
 from workshop.launchers.base import LauncherBase
-from workshop.spec import Lab
+from workshop.spec import Lab, load_module
 
 DRIVER_DIR = Path(__file__).resolve().parent.parent / "drivers" / "horovod"
 DRIVER_SCRIPT = "hvd_driver.py"
@@ -111,10 +111,7 @@ class Horovod(DistributedConfig):
 
 def load_driver() -> ModuleType:
     """The driver as a module (its `rank_plan`, `rank_env`), for tests and notebooks."""
-    spec = importlib.util.spec_from_file_location("hvd_driver", DRIVER_DIR / DRIVER_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(DRIVER_DIR / DRIVER_SCRIPT, "hvd_driver")
 
 
 _EXTENSION_DIR = {"pytorch": ("torch", "torch", "mpi_lib_v2"), "tensorflow": ("tensorflow", "tensorflow", "mpi_lib")}

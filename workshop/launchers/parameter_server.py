@@ -16,7 +16,6 @@ See the driver's docstring for the topology, the port scheme and how the job end
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -25,7 +24,7 @@ from sagemaker.train.distributed import DistributedConfig
 from workshop.errors import WorkshopError
 from workshop.jobs import JobPlan
 from workshop.launchers.base import LauncherBase
-from workshop.spec import Lab
+from workshop.spec import Lab, load_module
 
 DRIVER_DIR = Path(__file__).resolve().parent.parent / "drivers" / "parameter_server"
 DRIVER_SCRIPT = "ps_driver.py"
@@ -57,10 +56,7 @@ class ParameterServer(DistributedConfig):
 
 def load_driver() -> ModuleType:
     """The driver as a module (its `tf_configs`, `cluster_spec` and `ports`), for tests and notebooks."""
-    spec = importlib.util.spec_from_file_location("ps_driver", DRIVER_DIR / DRIVER_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(DRIVER_DIR / DRIVER_SCRIPT, "ps_driver")
 
 
 def job_ports(base_port: int, hosts: int) -> list[int]:

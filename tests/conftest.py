@@ -218,6 +218,8 @@ _LAUNCHERS = {"torchrun", "horovodrun", "mpirun", "mpiexec", "orterun"}
 # `python -m MODULE [first argument]`: (module, first argument or None for any).
 _TRAINING_MODULES = {
     ("workshop", "run"): "python -m workshop run (a lab on the local cluster)",
+    ("workshop", "tune"): "python -m workshop tune (trials on the local cluster)",
+    ("workshop.tuning", "trial"): "a trial of a search (a lab on the local cluster)",
     ("workshop.runtime.run_driver", None): "a local-cluster host (process runtime)",
     ("workshop.runtime.hostns", "host"): "a local-cluster host (container runtime)",
     ("torch.distributed.run", None): "torchrun",

@@ -20,7 +20,9 @@ from workshop.labs import LABS, get_lab
 from workshop.notebook import distributed_lines, find_tagged
 
 ENTRY_SCRIPTS = sorted({lab.entry_path for lab in LABS.values()})
-NOTEBOOKS = sorted(REPO_ROOT.glob("[0-9]_*/*.ipynb"))
+# Each lab's main notebook, named after its folder (3_data_parallel/data_parallel.ipynb); a folder
+# may hold more (3_data_parallel/job_parallelism.ipynb), which build on the main one.
+NOTEBOOKS = sorted(p for p in REPO_ROOT.glob("[0-9]_*/*.ipynb") if p.stem == p.parent.name.split("_", 1)[1])
 
 
 def declared_tag(path) -> str:
@@ -113,6 +115,10 @@ def test_statement_rules_on_a_small_script(tmp_path):
     # Consecutive lines print as one block, dedented together; a blank line between blocks.
     assert "   5  # X: a comment on its own line, continued\n   6  # on the next one,\n   7  value = dict(   # not a tag" in out
     assert "  18      step(i)" in out and "os.getpid" not in out and "def other" not in out
+
+
+def test_every_lab_folder_has_its_main_notebook():
+    assert sorted(p.parent for p in NOTEBOOKS) == sorted({lab.path for lab in LABS.values()})
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)

@@ -5,6 +5,8 @@
                                [--dry-run] [--hp KEY=VALUE ...] [--route ROUTE]
                                [--allow-unsupported-image] [--workdir DIR] [--checkpoint-dir DIR]
     python -m workshop run all            # every lab, locally, then a summary table
+    python -m workshop tune LAB --param lr=0.01,0.02,0.04 [--param batch-size=32,64] [--trials N]
+                                [--parallel K] [--mode local|sagemaker] [--dry-run] [--hp KEY=VALUE ...]
     python -m workshop network [--nat] [--show] [--cidr CIDR]   # the workshop VPC (create/reuse)
     python -m workshop role                                     # the workshop's execution role
     python -m workshop cleanup [--delete-s3]                    # stop jobs, delete network/role
@@ -101,6 +103,23 @@ def build_parser() -> argparse.ArgumentParser:
                      "default: the lab's first")
     run.add_argument("--allow-unsupported-image", action="store_true",
                      help="sagemaker mode: run a framework image past its end of patch anyway (smddp, lab 4's SMP route)")
+    tune = sub.add_parser("tune", help="a hyperparameter search: many independent trials (job parallelism)")
+    tune.add_argument("lab", help="lab key, folder or number (see `labs`)")
+    tune.add_argument("--param", action="append", default=[], metavar="NAME=VALUES", required=True,
+                      help="a searched hyperparameter (repeatable): a list NAME=A,B,C (a grid), or a range "
+                           "NAME=LOW:HIGH or NAME=LOW:HIGH:log (random draws; needs --trials)")
+    tune.add_argument("--trials", type=count_of("trials", "--trials", 4), default=None,
+                      help="random draws instead of the whole grid (default: the whole grid)")
+    tune.add_argument("--parallel", type=int, default=None, metavar="K",
+                      help="trials at once (default: local, this machine's cores per trial's processes; SageMaker, 2)")
+    tune.add_argument("--objective", default=None, metavar="METRIC[:max|min]",
+                      help="the metric trials are ranked by (default: the lab's accuracy, maximized)")
+    tune.add_argument("--seed", type=int, default=0, help="seed of the random draws")
+    tune.add_argument("--no-plot", action="store_true", help="local mode: do not write the plot")
+    for action in run._actions:  # the run command's options, except those a search does not take
+        if action.dest in ("help", "lab", "checkpoint_dir") or not action.option_strings:
+            continue
+        tune._add_action(action)
     net = sub.add_parser("network", help="create or reuse (or --show) your workshop VPC")
     net.add_argument("--nat", action="store_true", help="a NAT gateway instead of interface endpoints (reaches PyPI)")
     net.add_argument("--show", action="store_true", help="only say whether it exists; create nothing")
@@ -172,6 +191,33 @@ def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
     )
 
 
+def run_tune(args: argparse.Namespace, hps: dict[str, Any]) -> int:
+    from workshop.labs import get_lab
+    from workshop.tuning import tune
+
+    lab = get_lab(args.lab)
+    common = dict(trials=args.trials, parallel=args.parallel, mode=args.mode, hyperparameters=hps, hosts=args.hosts,
+                  procs_per_host=args.procs_per_host, objective=args.objective, seed=args.seed,
+                  data_dir=local_data_dir(lab, args), dry_run=args.dry_run)
+    if args.mode == "local":
+        sagemaker_only = [flag for flag, value in (("--instance-type", args.instance_type), ("--role", args.role),
+                          ("--region", args.region), ("--route", args.route), ("--create-role", args.create_role),
+                          ("--network", args.network != "none"),
+                          ("--allow-unsupported-image", args.allow_unsupported_image)) if value]
+        if sagemaker_only:
+            raise WorkshopError(f"{', '.join(sagemaker_only)} apply to --mode sagemaker.",
+                                "drop them, or add --mode sagemaker.")
+        result = tune(lab, args.param, runs_dir=Path(args.workdir) / "runs" if args.workdir else None,
+                      plot=not args.no_plot, **common)
+    else:
+        result = tune(lab, args.param, route=args.route, instance_type=args.instance_type, role=args.role,
+                      region=args.region, network=False if args.network == "none" else args.network,
+                      create_role=args.create_role, allow_unsupported_image=args.allow_unsupported_image, **common)
+    if args.dry_run:
+        return 0
+    return 0 if result.best is not None and not result.failed else 1
+
+
 def summary_table(rows: list[dict[str, Any]]) -> str:
     headers = ["lab", "strategy", "hosts x procs", "test accuracy", "wall time", "status"]
     body = [
@@ -238,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("network", "role", "cleanup"):
             return run_infra(args)
         hps = parse_hp(args.hp)
+        if args.command == "tune":
+            return run_tune(args, hps)
         if args.lab == "all":
             return run_all(args, hps)
         labs = get_labs(args.lab)

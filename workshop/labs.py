@@ -18,7 +18,7 @@ from workshop import REPO_ROOT
 from workshop.errors import WorkshopError
 from workshop.spec import Lab, SageMakerDefaults, hyperparameters_to_argv, load_module
 
-__all__ = ["LABS", "Lab", "SageMakerDefaults", "get_lab", "get_labs", "hyperparameters_to_argv", "job_keys",
+__all__ = ["LABS", "Lab", "SageMakerDefaults", "find_lab", "get_lab", "get_labs", "hyperparameters_to_argv", "job_keys",
            "load_lab_folder"]
 
 LAB_FOLDER_GLOB = "[0-9]*_*/lab.py"
@@ -76,6 +76,17 @@ def get_labs(name: str) -> list[Lab]:
     """The labs `name` selects: one by key or alias, or every lab of a folder (e.g. 2_horovod)."""
     group = [lab for lab in LABS.values() if name in lab.group_aliases]
     return group or [get_lab(name)]
+
+
+def find_lab(key: str, folder: str | Path) -> Lab:
+    """Lab `key`, from the registry or else from `folder`'s lab.py (a lab outside the checkout):
+    how a child process finds the lab its parent was given."""
+    if key in LABS:
+        return LABS[key]
+    for lab in load_lab_folder(folder):
+        if lab.key == key:
+            return lab
+    raise WorkshopError(f"{folder}/lab.py defines no lab {key!r}.", "pass a lab its folder defines.")
 
 
 def job_keys() -> list[str]:

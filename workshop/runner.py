@@ -41,8 +41,18 @@ from workshop.jobs import (
 )
 from workshop.jobs.checks import given_role
 from workshop.jobs.common import say
+from workshop.jobs.tuning import (
+    TuningOutcome,
+    build_tuner,
+    describe_tuning,
+    plan_tuning,
+    staged_source,
+    start_tuning,
+    tuning_outcome,
+)
 from workshop.labs import get_lab
 from workshop.runtime.local_cluster import ClusterResult, LocalCluster
+from workshop.search import Objective, SearchSpace
 from workshop.spec import Lab
 
 
@@ -99,9 +109,17 @@ def run_on_sagemaker(
     dry_run: bool = False,
     wait: bool = True,
     create_role: bool = False,
+    space: SearchSpace | None = None,
+    objective: Objective | None = None,
+    parallel: int | None = None,
     **fields: Any,
-) -> JobResult | DryRunRequest:
+) -> JobResult | TuningOutcome | DryRunRequest:
     """Run a lab as a SageMaker training job (or, with `dry_run`, show the request only).
+
+    With a search `space` (`workshop.search`), run it as one hyperparameter tuning job instead:
+    every trial a job like the one described here, at most `parallel` at once, ranked by
+    `objective` (default: the lab's accuracy); returns a `workshop.jobs.tuning.TuningOutcome`.
+    `workshop.tuning.tune` is the friendlier way in.
 
     `lab` is a lab (or its name) or a `workshop.jobs.JobRequest`; `hosts` is the instance count
     and `fields` any other `JobRequest` field (hyperparameters, route, instance_type,
@@ -138,7 +156,8 @@ def run_on_sagemaker(
         if channels is None:
             say(f"(the {data.name} channels in {data_dir or data.default_dir} are not prepared yet; "
                 "a real run prepares them)")
-        return dry_run_request(request, train_samples=channels.n_train if channels else None)
+        return dry_run_request(request, train_samples=channels.n_train if channels else None, space=space,
+                               objective=objective, parallel=parallel)
 
     say("step 1/5: checking the job")
     boto = aws.boto_session(request.region)
@@ -149,10 +168,15 @@ def run_on_sagemaker(
         )
     plan = plan_job(request, region=boto.region_name)
     plan = check_internet(plan, egress)
+    tuning = None
+    if space is not None:
+        tuning = plan_tuning(plan, space, objective or Objective.parse(request.lab, None), parallel)
     role, role_source = given_role(request.role)
     if role:
         check_role(role, role_source)  # its form, before credentials are looked for
     describe_plan(plan)
+    for line in describe_tuning(tuning) if tuning else ():
+        say(line)
 
     say("step 2/5: AWS credentials, the execution role, and the preflight checks")
     identity = aws.require_credentials(boto)
@@ -172,14 +196,16 @@ def run_on_sagemaker(
     plan = check_internet(plan, egress)
     for note in plan.notes[known:]:
         say(note)
-    preflight(plan, role_arn, boto, identity=identity, network_egress=egress, creating_role=creating_role)
+    preflight(plan, role_arn, boto, identity=identity, network_egress=egress, creating_role=creating_role,
+              tuning=tuning)
     channels = data.prepared(data_dir)
     if channels is None:
         say(f"preparing the {data.name} channels in {data_dir or data.default_dir}")
         channels = data.prepare(data_dir)
-    # Now that the data is known, the script checks each rank's share of it.
-    request.lab.validate_hyperparameters(plan.hyperparameters, world_size=plan.world_size,
-                                         train_samples=channels.n_train)
+    # Now that the data is known, the script checks each rank's share of it (every trial's).
+    for trial in tuning.trials if tuning else [{}]:
+        request.lab.validate_hyperparameters({**plan.hyperparameters, **trial}, world_size=plan.world_size,
+                                             train_samples=channels.n_train)
 
     say("step 3/5: " + ("the workshop role, " if creating_role else "") + ("the workshop network, " if egress else "")
         + "building the ModelTrainer")
@@ -202,6 +228,14 @@ def run_on_sagemaker(
     inputs = dict(data.upload(channels, bucket, boto, key_prefix=aws.sdk_key_prefix(session)))
     inputs.update(plan.extra_inputs)  # the launcher's channels (lab 2: `horovod`, its wheels)
 
-    say("step 5/5: submitting")
-    return submit(trainer, inputs, wait=wait, logs=wait)
+    if tuning is None:
+        say("step 5/5: submitting")
+        return submit(trainer, inputs, wait=wait, logs=wait)
+    say(f"step 5/5: starting tuning job {tuning.name} ({tuning.n_trials} trials, at most {tuning.max_parallel} at once)"
+        + ("; waiting for it to end" if wait else ""))
+    with staged_source(request.lab) as staged:
+        start_tuning(build_tuner(tuning, trainer, staged), inputs, tuning.name, wait=wait)
+    outcome = tuning_outcome(boto, tuning.name)
+    say(f"tuning job {tuning.name}: {outcome.status}" + (f"; best trial {outcome.best}" if outcome.best else ""))
+    return outcome
 

@@ -25,6 +25,21 @@ def stop_user_jobs(sm: Any, user: str) -> list[str]:
     return stopped
 
 
+def stop_user_tuning_jobs(sm: Any, user: str) -> list[str]:
+    """Stop this user's InProgress workshop tuning jobs (by their tags), which stops their
+    trials; returns their names. Tuning job names start with the user's prefix (at most 16
+    characters of their 32), so NameContains finds them."""
+    stopped = []
+    for page in sm.get_paginator("list_hyper_parameter_tuning_jobs").paginate(StatusEquals="InProgress", NameContains=user):
+        for job in page["HyperParameterTuningJobSummaries"]:
+            arn = job["HyperParameterTuningJobArn"]
+            tags = {t["Key"]: t["Value"] for t in sm.list_tags(ResourceArn=arn).get("Tags", [])}
+            if tags.get(TAG_WORKSHOP) == aws.WORKSHOP_NAME and tags.get(TAG_USER) == user:
+                sm.stop_hyper_parameter_tuning_job(HyperParameterTuningJobName=job["HyperParameterTuningJobName"])
+                stopped.append(job["HyperParameterTuningJobName"])
+    return stopped
+
+
 def delete_s3_prefixes(s3: Any, bucket: str, prefixes: Sequence[str]) -> int:
     """Delete every object under `prefixes` in `bucket`; returns how many."""
     count = 0
@@ -60,7 +75,7 @@ class CleanupReport:
 
 def cleanup(session: Any = None, *, job_keys: Sequence[str], delete_s3: bool = False, user: str | None = None,
             timeout_s: float = NETWORK_TIMEOUT_S, poll_s: float = POLL_S, show: bool = True) -> CleanupReport:
-    """Stop this user's running workshop jobs, delete the network and the role the workshop
+    """Stop this user's running workshop jobs (tuning jobs too), delete the network and the role the workshop
     created, and (opt-in) the user's S3 prefixes (those of `job_keys`' jobs and the shared data).
     Running it twice is harmless."""
     from botocore.exceptions import BotoCoreError, ClientError
@@ -69,12 +84,14 @@ def cleanup(session: Any = None, *, job_keys: Sequence[str], delete_s3: bool = F
     aws.require_credentials(boto)
     user = user or aws.user_prefix()
     report = CleanupReport()
-    try:
-        report.stopped_jobs = stop_user_jobs(boto.client("sagemaker"), user)
+    sm = boto.client("sagemaker")
+    try:  # tuning jobs first: stopping one stops its trials, which are training jobs too
+        report.stopped_jobs = [f"{name} (tuning)" for name in stop_user_tuning_jobs(sm, user)]
+        report.stopped_jobs += stop_user_jobs(sm, user)
     except NotImplementedError:  # a fake AWS without StopTrainingJob
-        say("could not stop jobs here (StopTrainingJob not available)")
+        say("could not stop jobs here (StopTrainingJob or StopHyperParameterTuningJob not available)")
     except (BotoCoreError, ClientError) as exc:
-        raise aws_error("Stopping your training jobs failed", exc) from None
+        raise aws_error("Stopping your training and tuning jobs failed", exc) from None
     report.network = delete_network(boto, user=user, timeout_s=timeout_s, poll_s=poll_s)
     report.role = delete_role(boto, user=user)
     if delete_s3:

@@ -20,6 +20,7 @@ class CostEstimate:
     network_egress: str | None
     network_hourly_usd: float
     source: str
+    trials: int = 1  # a tuning job: this many training jobs, each of instance_count instances
 
     def lines(self) -> list[str]:
         n, t = self.instance_count, self.instance_type
@@ -27,12 +28,17 @@ class CostEstimate:
         if self.hourly_usd is None:
             out = [f"cost: no price on record for {t}; see https://aws.amazon.com/sagemaker/pricing/"]
         else:
+            trials = f"{self.trials} trials x " if self.trials > 1 else ""
             out = [
-                f"cost: at most ${self.upper_bound_usd:,.2f} = {n} x {t} x ${self.hourly_usd:.3f}/h x "
+                f"cost: at most ${self.upper_bound_usd:,.2f} = {trials}{n} x {t} x ${self.hourly_usd:.3f}/h x "
                 f"{hours:g} h (max_run; billing is per second, so a shorter job costs less)"
             ]
+            if self.trials > 1:
+                out.append(f"cost: one trial at most ${self.upper_bound_usd / self.trials:,.2f}; trials running at once "
+                           "cost the same in total, they only finish sooner")
             if self.typical_usd is not None:
-                out.append(f"cost: typically ${self.typical_usd:,.2f} ({self.typical_run_s} s billed)")
+                out.append(f"cost: typically ${self.typical_usd:,.2f} ({self.typical_run_s} s billed"
+                           + (" per trial)" if self.trials > 1 else ")"))
             else:
                 out.append("cost: typical run time on SageMaker not measured yet; each minute costs "
                            f"${n * self.hourly_usd / 60:.3f}")
@@ -52,8 +58,9 @@ def estimate_cost(
     *,
     lab_key: str | None = None,
     network_egress: str | None = None,
+    trials: int = 1,
 ) -> CostEstimate:
-    """instances x hourly price x max_run hours: the most the job can cost."""
+    """instances x hourly price x max_run hours (x trials, for a tuning job): the most it can cost."""
     price = INSTANCE_PRICES.get(instance_type)
     hourly = price.usd_per_hour if price else None
     typical_s = TYPICAL_RUN_S.get(lab_key or "")
@@ -62,10 +69,11 @@ def estimate_cost(
         instance_count=instance_count,
         max_run_s=max_run_s,
         hourly_usd=hourly,
-        upper_bound_usd=None if hourly is None else instance_count * hourly * max_run_s / 3600,
+        upper_bound_usd=None if hourly is None else trials * instance_count * hourly * max_run_s / 3600,
         typical_run_s=typical_s,
-        typical_usd=None if hourly is None or typical_s is None else instance_count * hourly * typical_s / 3600,
+        typical_usd=None if hourly is None or typical_s is None else trials * instance_count * hourly * typical_s / 3600,
         network_egress=network_egress,
         network_hourly_usd=network_hourly_usd(network_egress),
         source=price.source if price else "no price on record",
+        trials=trials,
     )

@@ -30,6 +30,13 @@ NAT_ACTIONS = ("ec2:CreateNatGateway", "ec2:AllocateAddress", "ec2:CreateInterne
 ROLE_ACTIONS = ("iam:CreateRole", "iam:PutRolePolicy", "iam:TagRole", "iam:GetRole")
 
 
+# A tuning job's own actions (its trials are training jobs: the job checks cover them).
+TUNING_ACTIONS = (
+    "sagemaker:CreateHyperParameterTuningJob", "sagemaker:DescribeHyperParameterTuningJob",
+    "sagemaker:ListTrainingJobsForHyperParameterTuningJob", "sagemaker:StopHyperParameterTuningJob",
+)
+
+
 # What IAM sees when CreateTrainingJob passes the role. Administrators (and the SDK's own
 # policies) allow iam:PassRole only under this condition, which a simulation without the key
 # would not apply: the caller would be told, wrongly, that PassRole is missing.
@@ -139,11 +146,12 @@ def _cheaper_with_quota(
 
 
 def check_quota(sq: Any, instance_type: str, count: int, region: str,
-                allowed: Callable[[str], bool] | None = None) -> str:
+                allowed: Callable[[str], bool] | None = None, per_job: int | None = None) -> str:
     """The account's Service Quotas value for `instance_type` training instances.
 
     `allowed` (the job plan's `allows`): what an alternative instance type must satisfy, so a
-    refusal never suggests a type the job's route or image cannot use."""
+    refusal never suggests a type the job's route or image cannot use. `per_job`: a tuning job's
+    instances per trial, when `count` is that times the trials running at once."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -169,11 +177,17 @@ def check_quota(sq: Any, instance_type: str, count: int, region: str,
     smaller = _cheaper_with_quota(quotas, instance_type, count, allowed)
     alternatives = f" or use {', '.join(smaller)}, whose quota allows {count}" if smaller else ""
     what = "is zero" if value == 0 else f"is {value:g}"
+    if per_job and per_job < count:  # a tuning job: fewer trials at once may fit
+        fits = int(value) // per_job
+        needs = f"the tuning job needs {count} ({count // per_job} trials at once x {per_job})"
+        fewer = f", or run with parallel={fits} (CLI: --parallel {fits})" if fits >= 1 else ""
+    else:
+        needs = f"the job needs {count}"
+        fewer = "" if value == 0 else f", or run with hosts={int(value)}"
     raise WorkshopError(
-        f"Your account's quota for {instance_type} training instances in {region} {what}; the job needs {count}.",
+        f"Your account's quota for {instance_type} training instances in {region} {what}; {needs}.",
         f"request an increase: aws service-quotas request-service-quota-increase --service-code sagemaker "
-        f"--quota-code {code} --desired-value {count} --region {region}{alternatives}"
-        + ("" if value == 0 else f", or run with hosts={int(value)}") + ".",
+        f"--quota-code {code} --desired-value {count} --region {region}{alternatives}{fewer}.",
     )
 
 
@@ -198,11 +212,14 @@ def preflight(
     network_egress: str | None = None,
     creating_role: bool = False,
     show: bool = True,
+    tuning: Any = None,
 ) -> PreflightReport:
     """Permissions, quota and cost, before anything is created or uploaded.
 
     `plan` is a `workshop.jobs.JobPlan`. Raises WorkshopError for missing
-    permissions, a too-small quota and an instance type the region lacks.
+    permissions, a too-small quota and an instance type the region lacks. `tuning`: a
+    `workshop.jobs.tuning.TuningPlan` over `plan`: its permissions, its trials at once against
+    the quota, every trial in the cost.
     """
     boto = aws.as_boto_session(session)
     identity = identity or aws.require_credentials(boto)
@@ -215,14 +232,19 @@ def preflight(
         checks.append((NETWORK_ACTIONS + (NAT_ACTIONS if network_egress == "nat" else ()), None))
     if creating_role:
         checks.append((ROLE_ACTIONS, f"arn:{partition}:iam::{account}:role/{role_name()}"))
+    if tuning is not None:
+        checks.append((TUNING_ACTIONS, f"arn:{partition}:sagemaker:{boto.region_name}:{account}:"
+                                       f"hyper-parameter-tuning-job/{tuning.name}"))
+    parallel = tuning.max_parallel if tuning is not None else 1
     report = PreflightReport(
         identity=identity,
         role_arn=role_arn,
         permissions=check_permissions(boto.client("iam"), identity, role_arn, checks),
-        quota=check_quota(boto.client("service-quotas"), plan.instance_type, plan.instance_count, boto.region_name,
-                          allowed=getattr(plan, "allows", None)),
+        quota=check_quota(boto.client("service-quotas"), plan.instance_type, plan.instance_count * parallel,
+                          boto.region_name, allowed=getattr(plan, "allows", None),
+                          per_job=plan.instance_count if tuning is not None else None),
         cost=estimate_cost(plan.instance_type, plan.instance_count, plan.max_run_s, lab_key=plan.lab.key,
-                           network_egress=network_egress),
+                           network_egress=network_egress, trials=tuning.n_trials if tuning is not None else 1),
     )
     if show:
         for line in report.lines():
@@ -230,7 +252,8 @@ def preflight(
     return report
 
 
-def dry_run_lines(plan: Any, role_arn: str, network_egress: str | None) -> list[str]:
+def dry_run_lines(plan: Any, role_arn: str, network_egress: str | None, *, trials: int = 1,
+                  parallel: int = 1) -> list[str]:
     """What a dry run can say without an account: the network and role it would use, the cost,
     and which checks need credentials."""
     if network_egress:
@@ -244,8 +267,9 @@ def dry_run_lines(plan: Any, role_arn: str, network_egress: str | None) -> list[
         out = ["network: none (SageMaker's own network; pass network=True for the workshop VPC)"]
     out.append(f"role: {role_arn}")
     out += estimate_cost(plan.instance_type, plan.instance_count, plan.max_run_s, lab_key=plan.lab.key,
-                         network_egress=network_egress).lines()
+                         network_egress=network_egress, trials=trials).lines()
+    need = plan.instance_count * parallel
     out.append("preflight needing an account (skipped in a dry run): credentials (sts:GetCallerIdentity), "
                "the role (iam:GetRole), permissions (iam:SimulatePrincipalPolicy), "
-               f"the {plan.instance_type} quota (Service Quotas)")
+               f"the {plan.instance_type} quota (Service Quotas; this needs {need})")
     return out

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import json
 import os
+import tarfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -31,6 +33,15 @@ from workshop.jobs.plan import (
     prepare_launcher,
 )
 from workshop.jobs.trainer import build_from_plan
+from workshop.jobs.tuning import (
+    TRIAL_PROGRAM,
+    TuningPlan,
+    build_tuner,
+    describe_tuning,
+    plan_tuning,
+    staged_source,
+)
+from workshop.search import Objective, SearchSpace
 from workshop.spec import Lab
 
 # A dry run needs some role ARN; moto's account id makes it obviously not yours.
@@ -50,7 +61,8 @@ DRY_RUN_SECURITY_GROUP = "sg-0123456789abcdef0"
 
 
 class DryRunRequest(dict):
-    """The CreateTrainingJob request, exactly as the SDK handed it to botocore (a plain dict).
+    """The CreateTrainingJob (or CreateHyperParameterTuningJob) request, exactly as the SDK handed
+    it to botocore (a plain dict).
 
     Also carries what the request only points at: `sm_drivers` (the text of `distributed.json`,
     `sourcecode.json` and `sm_train.sh` as uploaded to the `sm_drivers` channel) and
@@ -61,10 +73,12 @@ class DryRunRequest(dict):
         super().__init__(*args, **kwargs)
         self.sm_drivers: dict[str, str] = {}
         self.code_files: list[str] = []
+        self.input_channels: list[dict[str, Any]] | None = None  # a tuning request's: its definition's
 
     def channel(self, name: str) -> str | None:
         """The S3 URI of input channel `name`, if the request has it."""
-        for channel in self.get("InputDataConfig", []):
+        channels = self.get("InputDataConfig", []) if self.input_channels is None else self.input_channels
+        for channel in channels:
             if channel["ChannelName"] == name:
                 return channel["DataSource"]["S3DataSource"]["S3Uri"]
         return None
@@ -119,7 +133,9 @@ def data_uris(plan: JobPlan, bucket: str) -> dict[str, str]:
     return {channel: f"s3://{bucket}/{prefix}/{channel}" for channel in plan.lab.data.channels}
 
 
-def _dry_run_from_plan(plan: JobPlan, role: str, inputs: Mapping[str, str] | None) -> DryRunRequest:
+def _dry_run_from_plan(plan: JobPlan, role: str, inputs: Mapping[str, str] | None,
+                       tuning: TuningPlan | None = None) -> DryRunRequest:
+    """The request under moto: CreateTrainingJob, or with `tuning`, CreateHyperParameterTuningJob."""
     try:
         import boto3
         from moto import mock_aws
@@ -139,19 +155,34 @@ def _dry_run_from_plan(plan: JobPlan, role: str, inputs: Mapping[str, str] | Non
             region_name=plan.region, aws_access_key_id="dry-run", aws_secret_access_key="dry-run"
         )
         # Registered before any client exists: clients copy the session's handlers.
-        boto.events.register("before-parameter-build.sagemaker.CreateTrainingJob", capture)
+        operation = "CreateHyperParameterTuningJob" if tuning else "CreateTrainingJob"
+        boto.events.register(f"before-parameter-build.sagemaker.{operation}", capture)
         session = aws.sagemaker_session(boto)
         trainer = build_from_plan(plan, role, session, validate_role=False)
         data = dict(inputs) if inputs is not None else data_uris(plan, session.default_bucket())
-        channels = input_data({**data, **dict(plan.extra_inputs)})  # plus the launcher's channels
+        data = {**data, **dict(plan.extra_inputs)}  # plus the launcher's channels
         try:
-            trainer.train(input_data_config=channels, wait=False, logs=False)
+            if tuning:
+                with staged_source(plan.lab) as staged:
+                    build_tuner(tuning, trainer, staged).tune(inputs=data, job_name=tuning.name, wait=False)
+            else:
+                trainer.train(input_data_config=input_data(data), wait=False, logs=False)
         except _Captured:
             pass
         if not captured:
-            raise RuntimeError("The SageMaker SDK did not call CreateTrainingJob; cannot dry-run.")
+            raise RuntimeError(f"The SageMaker SDK did not call {operation}; cannot dry-run.")
         request = DryRunRequest(captured)
         s3 = boto.client("s3")
+        if tuning:
+            definition = request.get("TrainingJobDefinition", {})
+            request.input_channels = definition.get("InputDataConfig", [])
+            program = definition.get("StaticHyperParameters", {}).get("sagemaker_submit_directory")
+            if program:
+                bucket, key = split_s3(program)
+                with contextlib.suppress(Exception):
+                    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+                    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+                        request.code_files = sorted(m.name for m in tar.getmembers() if m.isfile())
         drivers = request.channel("sm_drivers")
         if drivers:
             bucket, prefix = split_s3(drivers)
@@ -169,10 +200,17 @@ def _dry_run_from_plan(plan: JobPlan, role: str, inputs: Mapping[str, str] | Non
 
 def _print_dry_run(plan: JobPlan, request: DryRunRequest, role_is_placeholder: bool) -> None:
     print(json.dumps(request, indent=2, sort_keys=False, default=str), flush=True)
-    say(
-        f"source code: {request.channel('code')} <- {plan.lab.source_dir} "
-        f"({', '.join(request.code_files) or 'no files'})"
-    )
+    if request.input_channels is not None:  # a tuning job: the code goes as the toolkit's tarball
+        static = request.get("TrainingJobDefinition", {}).get("StaticHyperParameters", {})
+        say(f"source code: {static.get('sagemaker_submit_directory')} <- {plan.lab.source_dir} plus "
+            f"{TRIAL_PROGRAM} ({', '.join(request.code_files) or 'no files'})")
+        say(f"each trial: the image's toolkit runs {static.get('sagemaker_program')} on every host, which runs "
+            f"the job's sm_train.sh and its {plan.lab.launcher.name} driver (SDK issue #5610: not the plain script)")
+    else:
+        say(
+            f"source code: {request.channel('code')} <- {plan.lab.source_dir} "
+            f"({', '.join(request.code_files) or 'no files'})"
+        )
     say(f"SDK drivers: {request.channel('sm_drivers')}")
     if "distributed.json" in request.sm_drivers:
         say(f"  distributed.json (read by the {plan.lab.launcher.name} driver): {request.sm_drivers['distributed.json']}")
@@ -189,10 +227,17 @@ def dry_run(
     inputs: Mapping[str, str] | None = None,
     show: bool = True,
     train_samples: int | None = None,
+    space: SearchSpace | None = None,
+    objective: Objective | None = None,
+    parallel: int | None = None,
     **fields: Any,
 ) -> DryRunRequest:
     """The exact CreateTrainingJob request SDK v3 would send for a `JobRequest` (or a lab and
     its fields as keywords), with no credentials at all.
+
+    With a search `space` (`workshop.search`), the CreateHyperParameterTuningJob request of a
+    tuning job over that job instead (`objective`: default the lab's accuracy; `parallel`: trials
+    at once), with its cost bound for every trial.
 
     Runs the SDK's real `ModelTrainer(...)` and `train()` against moto's in-process fake AWS
     and takes the request from botocore's `before-parameter-build` event, then stops it
@@ -221,13 +266,19 @@ def dry_run(
     # The launcher's channels at the placeholder account's bucket; nothing is looked up.
     plan, _ = prepare_launcher(plan, f"sagemaker-{region}-{PLACEHOLDER_ACCOUNT}", None)
     plan = check_internet(plan, egress)
+    tuning = None
+    if space is not None:
+        tuning = plan_tuning(plan, space, objective or Objective.parse(plan.lab, None), parallel, train_samples)
     if show:
         if region_note:
             say(f"region {region}{region_note}")
         describe_plan(plan)
-        for line in dry_run_lines(plan, role_arn, egress):
+        for line in describe_tuning(tuning) if tuning else ():
             say(line)
-    request = _dry_run_from_plan(plan, role_arn, inputs)
+        for line in dry_run_lines(plan, role_arn, egress, trials=tuning.n_trials if tuning else 1,
+                                  parallel=tuning.max_parallel if tuning else 1):
+            say(line)
+    request = _dry_run_from_plan(plan, role_arn, inputs, tuning)
     if show:
         _print_dry_run(plan, request, role_arn == PLACEHOLDER_ROLE_ARN)
     return request

@@ -1,0 +1,317 @@
+"""Job parallelism: `python -m workshop tune` (workshop.tuning, workshop.search, workshop.jobs.tuning).
+
+Fast tests: the search's parsing and every refusal before anything starts, the trials' core
+shares, the result table, the SageMaker dry run's request and cost, the quota for trials at once,
+cleanup of tuning jobs. Slow tests (marked): the command from the issue, a failing trial among
+good ones, and Ctrl-C stopping every trial with nothing left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import quota_client, service_quota
+
+from workshop import REPO_ROOT
+from workshop.__main__ import main
+from workshop.errors import WorkshopError
+from workshop.labs import get_lab
+from workshop.search import Objective, SearchSpace
+from workshop.tuning import Trial, TuneResult, core_shares
+
+LAB = get_lab("data_parallel")
+REGION = "us-east-1"
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def test_a_grid_is_every_combination_in_order():
+    space = SearchSpace.parse(LAB, ["lr=0.01,0.05", "batch-size=32,64"])
+    assert space.is_grid and space.names == ["lr", "batch-size"]
+    assert space.trials() == [
+        {"lr": "0.01", "batch-size": "32"}, {"lr": "0.01", "batch-size": "64"},
+        {"lr": "0.05", "batch-size": "32"}, {"lr": "0.05", "batch-size": "64"},
+    ]
+
+
+def test_random_draws_are_seeded_typed_and_inside_the_range():
+    space = SearchSpace.parse(LAB, ["lr=0.001:0.1:log", "batch-size=16:128"], trials=20, seed=7)
+    trials = space.trials()
+    assert trials == SearchSpace.parse(LAB, ["lr=0.001:0.1:log", "batch-size=16:128"], trials=20, seed=7).trials()
+    assert trials != SearchSpace.parse(LAB, ["lr=0.001:0.1:log", "batch-size=16:128"], trials=20, seed=8).trials()
+    assert all(0.001 <= float(t["lr"]) <= 0.1 and 16 <= int(t["batch-size"]) <= 128 for t in trials)
+    # On a log scale about half the draws fall below the geometric middle (0.01), not a tenth.
+    assert 4 <= sum(float(t["lr"]) < 0.01 for t in trials) <= 16
+
+
+def test_fewer_trials_than_the_grid_are_distinct_combinations_and_more_run_the_grid_once():
+    space = SearchSpace.parse(LAB, ["lr=0.01,0.02,0.04", "batch-size=32,64"], trials=4)
+    combos = [tuple(t.values()) for t in space.trials()]
+    assert len(combos) == 4 and len(set(combos)) == 4
+    whole = SearchSpace.parse(LAB, ["lr=0.01,0.02"], trials=5)
+    assert whole.is_grid and len(whole.trials()) == 2 and "running each once" in whole.notes[0]
+
+
+def test_the_objective_defaults_to_the_labs_accuracy_and_minimizes_a_loss():
+    assert Objective.parse(LAB, None) == Objective("test_accuracy", maximize=True)
+    assert Objective.parse(LAB, "test_loss") == Objective("test_loss", maximize=False)
+    assert Objective.parse(LAB, "test_loss:max").maximize
+    with pytest.raises(WorkshopError, match="prints no metric 'accuracy'"):
+        Objective.parse(LAB, "accuracy")
+
+
+BAD_INPUT = [
+    (["--param", "lrr=0.01,0.02"], "has no hyperparameter --lrr", "did you mean lr"),
+    (["--param", "lr=0.01,fast"], "'fast' is not a valid float", "--param lr="),
+    (["--param", "batch-size=32,6.5"], "'6.5' is not a valid int", "batch-size"),
+    (["--param", "backend=gloo,mpi"], "not one of train.py's choices", "auto, gloo, nccl, smddp"),
+    (["--param", "lr="], "lists no values", "at least one value"),
+    (["--param", "lr=,"], "lists no values", "at least one value"),
+    (["--param", "lr=0.001:0.1"], "is a range", "--trials N"),
+    (["--param", "lr=0.1:0.01", "--trials", "3"], "LOW < HIGH", "0.001:0.1:log"),
+    (["--param", "backend=a:b", "--trials", "3"], "only for a number", "list the values"),
+    (["--param", "lr=0.01", "--param", "lr=0.02"], "given more than once", "each searched name once"),
+    (["--param", "lr=0.01,0.02", "--hp", "lr=0.03"], "searched (--param) and fixed (--hp)", "drop --hp lr"),
+    (["--param", "train=a,b"], "has no hyperparameter --train", "its hyperparameters:"),
+    (["--param", "lr=0.01,0.02", "--parallel", "0"], "--parallel must be at least 1", "--parallel 2"),
+    (["--param", "lr=0.01,0.02", "--objective", "speed"], "prints no metric 'speed'", "test_accuracy"),
+    (["--param", "lr=0.01,0.02", "--hp", "epochs=0"], "--epochs must be at least 1", "--hp epochs="),
+    (["--param", "lr=0.01,0.02", "--region", "eu-west-1"], "apply to --mode sagemaker", "--mode sagemaker"),
+    (["--param", "lr=0.01,0.02", "--dry-run"], "--dry-run applies to --mode sagemaker", "--mode sagemaker"),
+    (["--param", "epochs=1,-1"], "--epochs must be at least 1", "epochs"),
+]
+
+
+@pytest.mark.parametrize(("args", "error", "fix"), BAD_INPUT, ids=[" ".join(a[:2]) + f" #{i}" for i, (a, _, _) in enumerate(BAD_INPUT)])
+def test_bad_input_is_refused_with_its_fix_before_any_trial_starts(args, error, fix, tmp_path, capsys, monkeypatch):
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a) or pytest.fail("a trial started"))
+    code = main(["tune", "data_parallel", *args, "--workdir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert error in err and "Fix:" in err and fix in err.split("Fix:", 1)[1], err
+    assert not started and not list(tmp_path.rglob("trial.json"))
+
+
+def test_a_cluster_too_big_for_this_machine_at_the_parallelism_asked_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a trial started"))
+    cores = len(os.sched_getaffinity(0))
+    code = main(["tune", "data_parallel", "--param", "lr=0.01,0.02,0.04,0.08", "--parallel", "4",
+                 "--hosts", str(5 * cores), "--workdir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "4 trial(s) at once" in err and "--parallel 1" in err, err
+
+
+def test_each_trial_slot_gets_its_own_cores_or_a_fair_share():
+    assert core_shares([0, 1], 2) == [(0,), (1,)]
+    assert core_shares([0, 1, 2, 3], 2) == [(0, 1), (2, 3)]
+    assert core_shares([0, 1, 2, 3, 4], 2) == [(0, 1, 2), (3, 4)]
+    assert core_shares([0, 1], 3) == [(0,), (1,), (0,)]
+    assert core_shares([5], 1) == [(5,)]
+
+
+def test_the_table_marks_the_best_trial_and_shows_failures():
+    space = SearchSpace.parse(LAB, ["lr=0.01,0.05,0.2"])
+    trials = [Trial(1, {"lr": "0.01"}, "ok", 0.82, 21.0), Trial(2, {"lr": "0.05"}, "ok", 0.94, 20.5),
+              Trial(3, {"lr": "0.2"}, "failed", None, 3.0, failure="RuntimeError: loss is nan\nmore")]
+    result = TuneResult(LAB, Objective("test_accuracy"), space, trials, "local", layout="2 x 1")
+    assert result.best is trials[1] and result.failed == [trials[2]]
+    table = result.table()
+    assert re.search(r"^2 \*\s+0\.05\s+0\.9400", table, re.MULTILINE), table
+    assert "failed: RuntimeError: loss is nan" in table and "more" not in table
+    assert result.table(markdown=True).splitlines()[1] == "|---|---|---|---|---|"
+    assert result.by(lr=0.05) is trials[1]
+    loss = TuneResult(LAB, Objective("test_loss", maximize=False), space,
+                      [Trial(1, {"lr": "0.01"}, "ok", 0.3), Trial(2, {"lr": "0.05"}, "ok", 0.2)], "local")
+    assert loss.best.index == 2
+
+
+# --------------------------------------------------------------------------- SageMaker, offline
+
+
+def test_the_sagemaker_dry_run_is_one_tuning_job_whose_trials_run_the_distributed_driver(no_aws, capsys):
+    code = main(["tune", "data_parallel", "--param", "lr=0.01,0.05", "--mode", "sagemaker", "--dry-run",
+                 "--hosts", "2", "--parallel", "2", "--hp", "epochs=1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    request = json.loads(out[out.index("\n{") + 1 : out.index("\n}\n") + 2])
+    config = request["HyperParameterTuningJobConfig"]
+    assert config["Strategy"] == "Grid"
+    assert config["ResourceLimits"] == {"MaxParallelTrainingJobs": 2}  # Grid: the service counts the grid
+    assert config["HyperParameterTuningJobObjective"] == {"Type": "Maximize", "MetricName": "test_accuracy"}
+    assert config["ParameterRanges"]["CategoricalParameterRanges"] == [{"Name": "lr", "Values": ["0.01", "0.05"]}]
+    definition = request["TrainingJobDefinition"]
+    static = definition["StaticHyperParameters"]
+    # SDK issue #5610: the toolkit runs `sagemaker_program`; it must be the workshop's trial entry,
+    # which hands over to sm_train.sh and torchrun, not the lab's script run plainly.
+    assert static["sagemaker_program"] == "workshop_trial.py" and static["epochs"] == "1"
+    assert "lr" not in static
+    assert "test_accuracy" in [m["Name"] for m in definition["AlgorithmSpecification"]["MetricDefinitions"]]
+    assert {c["ChannelName"] for c in definition["InputDataConfig"]} == {"train", "test", "sm_drivers"}
+    assert definition["ResourceConfig"]["InstanceCount"] == 2
+    assert len(request["HyperParameterTuningJobName"]) <= 32
+    assert {"Key": "workshop-lab", "Value": "data_parallel"} in request["Tags"]
+    assert "cost: at most $5.63 = 2 trials x 2 x ml.g5.xlarge x $1.408/h x 1 h" in out
+    assert "quota (Service Quotas; this needs 4)" in out
+    assert "(train.py, workshop_trial.py)" in out  # the packed source dir
+
+
+def test_a_range_becomes_a_random_search_with_its_scale(no_aws, capsys):
+    from workshop.jobs import dry_run
+
+    space = SearchSpace.parse(LAB, ["lr=0.001:0.1:log", "batch-size=32,64"], trials=6, seed=3)
+    request = dry_run(LAB, show=False, space=space, parallel=3, instance_count=1)
+    config = request["HyperParameterTuningJobConfig"]
+    assert config["Strategy"] == "Random" and config["RandomSeed"] == 3
+    assert config["ResourceLimits"] == {"MaxNumberOfTrainingJobs": 6, "MaxParallelTrainingJobs": 3}
+    ranges = config["ParameterRanges"]
+    assert ranges["ContinuousParameterRanges"] == [
+        {"Name": "lr", "MinValue": "0.001", "MaxValue": "0.1", "ScalingType": "Logarithmic"}]
+    assert ranges["CategoricalParameterRanges"] == [{"Name": "batch-size", "Values": ["32", "64"]}]
+
+
+def test_the_quota_is_checked_for_every_trial_running_at_once():
+    from workshop.cloud.preflight import check_quota
+
+    quotas = [service_quota("ml.g5.xlarge for training job usage", 2, "L-G5X")]
+    assert "need 2" in check_quota(quota_client(quotas), "ml.g5.xlarge", 2, REGION, per_job=2)
+    with pytest.raises(WorkshopError) as info:
+        check_quota(quota_client(quotas), "ml.g5.xlarge", 4, REGION, per_job=2)
+    text = str(info.value)
+    assert "the tuning job needs 4 (2 trials at once x 2)" in text and "--parallel 1" in text
+    with pytest.raises(WorkshopError, match="needs 6 .* is zero|is 2; the tuning job needs 6") as info:
+        check_quota(quota_client(quotas), "ml.g5.xlarge", 6, REGION, per_job=3)
+    assert "--parallel" not in str(info.value)  # not even one 3-instance trial fits
+
+
+def test_cleanup_stops_only_this_users_running_workshop_tuning_jobs():
+    from workshop import cloud
+    from workshop.cloud.cleanup import stop_user_tuning_jobs
+
+    class FakeSM:
+        def __init__(self):
+            self.stopped = []
+
+        def get_paginator(self, name):
+            assert name == "list_hyper_parameter_tuning_jobs"
+            jobs = [("alice-data-paral-1123120000", "alice"), ("alice-other-1123120000", None),
+                    ("alice2-data-para-1123120000", "alice2")]
+            summaries = [{"HyperParameterTuningJobName": n, "HyperParameterTuningJobArn": f"arn:{n}:{u}"} for n, u in jobs]
+
+            class Pages:
+                def paginate(self, **kw):
+                    assert kw == {"StatusEquals": "InProgress", "NameContains": "alice"}
+                    return [{"HyperParameterTuningJobSummaries": summaries}]
+
+            return Pages()
+
+        def list_tags(self, ResourceArn):
+            user = ResourceArn.rsplit(":", 1)[1]
+            return {"Tags": [] if user == "None" else cloud.workshop_tags(user=user)}
+
+        def stop_hyper_parameter_tuning_job(self, HyperParameterTuningJobName):
+            self.stopped.append(HyperParameterTuningJobName)
+
+    sm = FakeSM()
+    assert stop_user_tuning_jobs(sm, "alice") == ["alice-data-paral-1123120000"] == sm.stopped
+
+
+# --------------------------------------------------------------------------- slow: trials really run
+
+
+def _tune_cli(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "workshop", "tune", "data_parallel", *args],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})}, **kw)
+
+
+@pytest.mark.slow
+def test_the_issues_command_prints_the_table_and_the_best_trial(tmp_path, mnist_dir):
+    proc = _tune_cli("--param", "lr=0.01,0.05", "--parallel", "2", "--hp", "epochs=1", "--workdir", str(tmp_path),
+                     "--data-dir", str(mnist_dir))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert re.search(r"^trial\s+lr\s+test_accuracy\s+wall time\s+status$", out, re.MULTILINE), out
+    rows = re.findall(r"^(\d)( \*)?\s+(0\.0[15])\s+(0\.\d{4})\s+[\d.]+ s\s+ok$", out, re.MULTILINE)
+    assert len(rows) == 2 and sum(bool(star) for _, star, _, _ in rows) == 1, out
+    best = max(rows, key=lambda r: float(r[3]))
+    assert best[1] == " *" and f"best: trial {best[0]} (lr={best[2]})" in out
+    cores = len(os.sched_getaffinity(0))
+    assert f"at most 2 at once on {cores} core(s)" in out
+    folder = next(tmp_path.glob("runs/tune-data-parallel-*"))
+    saved = json.loads((folder / "tune.json").read_text())
+    assert [t["status"] for t in saved["trials"]] == ["ok", "ok"]
+    if cores >= 2:  # each trial pinned to cores of its own
+        assert set(saved["trials"][0]["cores"]).isdisjoint(saved["trials"][1]["cores"])
+    assert (folder / "tune.png").stat().st_size > 10_000
+    for trial in saved["trials"]:  # each a whole local-cluster job of its own
+        assert (Path(trial["folder"]) / "run/logs/algo-2.log").is_file()
+
+
+@pytest.mark.slow
+def test_a_failing_trial_is_reported_and_the_others_finish(tmp_path, mnist_dir):
+    # backend=nccl passes the parser (a valid choice) and fails inside the ranks: no GPU here.
+    proc = _tune_cli("--param", "backend=gloo,nccl", "--hosts", "1", "--parallel", "1", "--hp", "epochs=1",
+                     "--hp", "max-steps=5", "--workdir", str(tmp_path), "--data-dir", str(mnist_dir))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1, out
+    assert re.search(r"^1 \*\s+gloo\s+0\.\d{4}\s+[\d.]+ s\s+ok$", out, re.MULTILINE), out
+    assert re.search(r"^2\s+nccl\s+-\s+[\d.]+ s\s+failed: .*", out, re.MULTILINE), out
+    assert "trial 2/2 FAILED" in out and "needs CUDA GPUs" in out
+
+
+def _carrying(token: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("TUNE_TEST_TOKEN") == token and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_trial_and_leaves_nothing_running(tmp_path, mnist_dir):
+    token = uuid.uuid4().hex
+    # The child takes Ctrl-C as a terminal's foreground job does, whatever this test inherited.
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT]); "
+            "from workshop.__main__ import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "tune", "data_parallel", "--param", "lr=0.01,0.02,0.04", "--parallel", "2",
+         "--hp", "epochs=20", "--workdir", str(tmp_path), "--data-dir", str(mnist_dir)],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TUNE_TEST_TOKEN": token})
+    try:
+        deadline = time.monotonic() + 300
+        logs = []
+        while len(logs) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)  # both running trials have training ranks up
+            logs = [p for p in tmp_path.glob("runs/tune-*/trial-*/run/logs/algo-2.log") if "METRICS" in p.read_text()]
+        assert len(logs) == 2, proc.stdout.read() if proc.poll() is not None else "trials never trained"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 130, out
+        assert "Ctrl-C: stopping 2 running trial(s)" in out and "every process the workshop started" in out
+        assert re.search(r"^3\s+0\.04\s+-\s+-\s+stopped", out, re.MULTILINE), out  # never started
+        deadline = time.monotonic() + 30
+        while (left := _carrying(token)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not left, f"{len(left)} processes outlived the search: {[p.cmdline()[:4] for p in left[:5]]}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in _carrying(token):
+            p.kill()

@@ -157,6 +157,7 @@ class TuneResult:
         if "ipykernel" not in sys.modules:
             matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter
 
         names = self.space.names
         fig, axes = plt.subplots(1, len(names), figsize=(max(6.4, 4.6 * len(names)), 4.0), squeeze=False)
@@ -173,6 +174,11 @@ class TuneResult:
                            zorder=4, label="best")
             if numeric and xs and min(xs) > 0 and max(xs) / min(xs) >= 10:
                 ax.set_xscale("log")
+                ax.xaxis.set_minor_formatter(NullFormatter())  # no crowded 2x10^-2, 3x10^-2, ... labels
+                values = sorted(set(xs))
+                if len(values) <= 8:  # a grid: label its values as they were given
+                    ax.set_xticks(values)
+                    ax.set_xticklabels([f"{v:g}" for v in values], fontsize=8)
             failed = [t for t in self.trials if t.metric is None]
             ax.set_xlabel(name + (f"  ({len(failed)} trial(s) without a value)" if failed else ""))
             ax.set_ylabel(self.objective.metric)
@@ -359,8 +365,10 @@ def _tune_locally(lab, space, goal, parallel, fixed, hosts, procs_per_host, data
     print(result.table(), flush=True)
     print(result.summary(), flush=True)
     if plot and any(t.metric is not None for t in result.trials):
-        result.plot()
-        say(f"plot: {result.folder / 'tune.png'}")
+        import matplotlib.pyplot as plt
+
+        plt.close(result.plot())  # saved, not shown: in a notebook, `result.plot()` shows it
+        say(f"plot: {result.folder / 'tune.png'} (in Python: result.plot())")
     return result
 
 
@@ -430,7 +438,7 @@ def _collect(trial: Trial, returncode: int, wall_s: float, objective: Objective)
         trial.status, trial.wall_s = "failed", round(wall_s, 1)
         trial.failure = f"the trial's process ended with status {returncode} and no result: " + " / ".join(tail)
         return
-    trial.wall_s = data.get("wall_s") or round(wall_s, 1)
+    trial.wall_s = round(wall_s, 1)  # the whole trial, its process's start included: what parallelism saves
     trial.final = data.get("final") or {}
     trial.records = data.get("records") or []
     trial.metric = trial.final.get(objective.metric)

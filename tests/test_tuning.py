@@ -315,3 +315,31 @@ def test_ctrl_c_stops_every_trial_and_leaves_nothing_running(tmp_path, mnist_dir
             proc.kill()
         for p in _carrying(token):
             p.kill()
+
+
+def test_more_trials_at_once_than_the_quota_allows_is_refused_before_anything_is_created(
+        strict_moto_session, monkeypatch, tmp_path):
+    from workshop.cloud import aws
+    from workshop.tuning import tune
+
+    boto = strict_moto_session
+    trust = {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
+    role = boto.client("iam").create_role(RoleName="WorkshopTraining", AssumeRolePolicyDocument=json.dumps(trust))
+    sq = quota_client([service_quota("ml.g5.xlarge for training job usage", 2, "L-G5X")], REGION)
+    original = boto.client
+    monkeypatch.setattr(boto, "client", lambda name, *a, **k: sq if name == "service-quotas" else original(name, *a, **k))
+    monkeypatch.setattr(aws, "boto_session", lambda region=None, **kw: boto)
+    data = tmp_path / "mnist"
+    for channel in ("train", "test"):
+        (data / channel).mkdir(parents=True)
+    with pytest.raises(WorkshopError) as info:
+        tune(LAB, ["lr=0.01,0.05"], mode="sagemaker", hosts=2, parallel=2, hyperparameters={"epochs": 1},
+             role=role["Role"]["Arn"], data_dir=data)
+    assert "the tuning job needs 4 (2 trials at once x 2)" in info.value.message
+    assert "--parallel 1" in info.value.fix
+    sm = original("sagemaker")
+    assert sm.list_hyper_parameter_tuning_jobs()["HyperParameterTuningJobSummaries"] == []
+    assert sm.list_training_jobs()["TrainingJobSummaries"] == []
+    s3 = original("s3")
+    assert [o for b in s3.list_buckets()["Buckets"] for o in s3.list_objects_v2(Bucket=b["Name"]).get("Contents", [])] == []

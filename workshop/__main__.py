@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="local mode: the hosts' checkpoint folder (/opt/ml/checkpoints) for the whole run, "
                           "so a run stopped any way keeps its checkpoints there and the next run resumes from them "
                           "(several labs: one subfolder per lab)")
+    run.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                     help="restart every rank up to K times after a failure, resuming from the latest checkpoint "
+                          "(torchrun's elastic agent; labs 3 and 4)")
+    run.add_argument("--fault", default=None, metavar="kill-rank=R@step=S",
+                     help="fault injection: kill rank R right after step S, once (the script's --fault; "
+                          "with --max-restarts the job recovers)")
     run.add_argument("--instance-type", default=None, help="sagemaker mode: instance type; default: the lab's")
     run.add_argument("--role", default=None, help="sagemaker mode: execution role ARN (or set WORKSHOP_ROLE_ARN)")
     run.add_argument("--region", default=None, help="sagemaker mode: AWS region (default: your AWS config's)")
@@ -117,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--seed", type=int, default=0, help="seed of the random draws")
     tune.add_argument("--no-plot", action="store_true", help="local mode: do not write the plot")
     for action in run._actions:  # the run command's options, except those a search does not take
-        if action.dest in ("help", "lab", "checkpoint_dir") or not action.option_strings:
+        if action.dest in ("help", "lab", "checkpoint_dir", "max_restarts", "fault") or not action.option_strings:
             continue
         tune._add_action(action)
     net = sub.add_parser("network", help="create or reuse (or --show) your workshop VPC")
@@ -163,11 +169,15 @@ def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
             raise WorkshopError("--dry-run applies to --mode sagemaker.", "drop --dry-run, or add --mode sagemaker.")
         if args.route is not None:
             raise WorkshopError("--route applies to --mode sagemaker.", "drop --route, or add --mode sagemaker.")
-        return run_local(
+        result = run_local(
             lab, hosts=args.hosts, procs_per_host=args.procs_per_host, hyperparameters=hps,
             data_dir=local_data_dir(lab, args), checkpoint_dir=args.checkpoint_dir,
-            runs_dir=Path(args.workdir) / "runs" if args.workdir else None,
+            runs_dir=Path(args.workdir) / "runs" if args.workdir else None, max_restarts=args.max_restarts,
         )
+        recovery = recovery_line(result.records)
+        if recovery:
+            print(recovery, flush=True)
+        return result
     if args.checkpoint_dir:
         raise WorkshopError(
             "--checkpoint-dir applies to --mode local: a SageMaker job's checkpoints go to S3.",
@@ -188,7 +198,22 @@ def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
         network=False if args.network == "none" else args.network,
         create_role=args.create_role,
         allow_unsupported_image=args.allow_unsupported_image,
+        max_restarts=args.max_restarts,
     )
+
+
+def recovery_line(records: list[dict[str, Any]]) -> str | None:
+    """What a run that resumed after a failure lost, from the script's METRICS (`resumed_step`,
+    `lost_steps`, `recover_s`); None for a run that never restarted."""
+    resumed = [r for r in records if "resumed_step" in r and r.get("rank", 0) == 0]
+    if not resumed:
+        return None
+    parts = []
+    for r in resumed:
+        lost = f", {r['lost_steps']} step(s) redone" if "lost_steps" in r else ""
+        took = f", {r['recover_s']:.1f} s from the failure to training again" if "recover_s" in r else ""
+        parts.append(f"resumed at step {r['resumed_step']}{lost}{took}")
+    return f"recovered {len(resumed)} time(s): " + "; ".join(parts)
 
 
 def run_tune(args: argparse.Namespace, hps: dict[str, Any]) -> int:
@@ -284,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("network", "role", "cleanup"):
             return run_infra(args)
         hps = parse_hp(args.hp)
+        if getattr(args, "fault", None):
+            if "fault" in hps:
+                raise WorkshopError("--fault and --hp fault=... both given.", "give it once, as --fault.")
+            hps["fault"] = args.fault
         if args.command == "tune":
             return run_tune(args, hps)
         if args.lab == "all":

@@ -69,6 +69,7 @@ def run_local(
     timeout_s: float | None = None,
     echo: bool = True,
     check: bool = True,
+    max_restarts: int = 0,
 ) -> ClusterResult:
     """Run `lab` on the local cluster; every check happens before any process starts.
 
@@ -76,7 +77,8 @@ def run_local(
     is the lab's data source, prepared in `data_dir` (default: its own folder under `data/`).
     `workdir` is this run's folder; without it the run gets a new one under `runs_dir`
     (default: the checkout's runs/). `checkpoint_dir` is the hosts' checkpoint folder for the
-    whole run (see `LocalCluster.run`).
+    whole run (see `LocalCluster.run`). `max_restarts`: restarts of every rank after a failure
+    (torchrun's elastic agent; the torchrun labs), each resuming from the latest checkpoint.
     """
     hosts = lab.local_hosts if hosts is None else hosts
     procs_per_host = lab.local_procs_per_host if procs_per_host is None else procs_per_host
@@ -85,7 +87,7 @@ def run_local(
         lab.entry_script,
         hosts=hosts,
         procs_per_host=procs_per_host,
-        distributed=lab.distributed_config(procs_per_host),
+        distributed=lab.distributed_config(procs_per_host, max_restarts=max_restarts),
         name=lab.key.replace("_", "-"),
         workdir=workdir,
         runs_dir=runs_dir,

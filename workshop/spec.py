@@ -41,7 +41,8 @@ class Launcher(Protocol):
     name: str
 
     def local_config(self, lab: Lab, procs_per_host: int | None) -> Any:
-        """The SDK `DistributedConfig` the local cluster runs (checks the layout first)."""
+        """The SDK `DistributedConfig` the local cluster runs (checks the layout first). A launcher
+        with `max_restarts_supported = True` also takes `max_restarts=K` (K > 0)."""
 
     def sagemaker_config(self, plan: Any) -> Any:
         """The SDK `DistributedConfig` of the SageMaker job for a `workshop.jobs.JobPlan`."""
@@ -168,9 +169,12 @@ class Lab:
         raise WorkshopError(f"Lab {self.key!r} has no SageMaker route {route!r}; its routes: {names}.",
                             f"pass route={self.sagemaker.route!r} (the default; CLI: drop --route) or another of those.")
 
-    def distributed_config(self, procs_per_host: int | None = None) -> Any:
-        """The SDK v3 `distributed=` config the local cluster runs for this lab (its launcher's)."""
-        return self.launcher.local_config(self, procs_per_host)
+    def distributed_config(self, procs_per_host: int | None = None, max_restarts: int = 0) -> Any:
+        """The SDK v3 `distributed=` config the local cluster runs for this lab (its launcher's);
+        `max_restarts`: restarts of every rank after a failure, where the launcher supports it."""
+        if not check_max_restarts(self, max_restarts):
+            return self.launcher.local_config(self, procs_per_host)
+        return self.launcher.local_config(self, procs_per_host, max_restarts=max_restarts)
 
     def load_script(self) -> ModuleType:
         """Import the entry script as a module (without running its `main`)."""
@@ -213,6 +217,19 @@ class Lab:
                     "lists every flag with its default.",
                 ) from None
         return args
+
+
+def check_max_restarts(lab: Lab, max_restarts: int) -> int:
+    """A restart budget the lab's launcher can honour (returned), or a WorkshopError with the fix."""
+    if not isinstance(max_restarts, int) or max_restarts < 0:
+        raise WorkshopError(f"max_restarts must be a whole number, 0 or more, got {max_restarts!r}.",
+                            "pass --max-restarts 1 (one restart of every rank after a failure), or 0 (none).")
+    if max_restarts and not getattr(lab.launcher, "max_restarts_supported", False):
+        raise WorkshopError(
+            f"Lab {lab.key!r} ({lab.launcher.name} launcher) cannot restart its processes after a failure.",
+            "drop --max-restarts: the torchrun labs (data_parallel, model_parallel) support it.",
+        )
+    return max_restarts
 
 
 def split_fix(text: str, hyperparameters: Mapping[str, Any]) -> tuple[str, str | None]:

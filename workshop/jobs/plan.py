@@ -38,7 +38,7 @@ from workshop.jobs.images import (
     retrieve_image,
 )
 from workshop.metrics import sagemaker_metric_definitions
-from workshop.spec import Lab, SageMakerDefaults
+from workshop.spec import Lab, SageMakerDefaults, check_max_restarts
 
 # The base job name leaves room for "-" and the SDK's 14-digit timestamp in 63 characters.
 BASE_JOB_NAME_MAX = 63 - 15
@@ -77,6 +77,7 @@ class JobRequest:
     tags: Mapping[str, str] | Sequence[Any] | None = None
     image_uri: str | None = None  # your own training image instead of the lab's framework image
     allow_unsupported_image: bool = False  # run a framework image past its end of patch anyway
+    max_restarts: int = 0  # restarts of every rank after a failure (torchrun labs), 0: none
 
     @classmethod
     def of(cls, request: JobRequest | Lab, **fields: Any) -> JobRequest:
@@ -134,6 +135,7 @@ class JobPlan:
     extra_inputs: tuple[tuple[str, str], ...] = ()
     # (why, fix) for what the launcher must fetch from the internet at run time (`check_internet`).
     internet_needs: tuple[tuple[str, str], ...] = ()
+    max_restarts: int = 0  # restarts of every rank after a failure (the launcher's elastic agent)
 
     def allows(self, instance_type: str) -> bool:
         """Whether this job, as planned, could run on `instance_type` instead: a training type the
@@ -248,6 +250,7 @@ def plan_job(
             f"pass procs_per_host={gpus} or fewer (None: one per GPU), or an instance type with more GPUs.",
         )
     world_size = instance_count * (procs or max(gpus, 1))
+    max_restarts = check_max_restarts(lab, request.max_restarts)
 
     max_run_s = defaults.max_run_s if max_run_s is None else max_run_s
     if isinstance(max_run_s, bool) or not isinstance(max_run_s, int) or not 0 < max_run_s <= MAX_RUNTIME_LIMIT_S:
@@ -361,6 +364,7 @@ def plan_job(
         custom_image=custom_image,
         allowed_instance_types=allowed,
         excluded_instance_families=excluded,
+        max_restarts=max_restarts,
     )
     plan = lab.launcher.check(plan)  # the launcher's own offline checks
     return lab.sagemaker_check(plan) if lab.sagemaker_check else plan
@@ -372,6 +376,9 @@ def describe_plan(plan: JobPlan) -> None:
         f"lab {plan.lab.key}: {plan.instance_count} x {plan.instance_type}, {procs} "
         f"(world size {plan.world_size}), max run {plan.max_run_s} s, region {plan.region}"
     )
+    if plan.max_restarts:
+        say(f"restarts: up to {plan.max_restarts} restart(s) of every rank after a failure (torchrun's elastic "
+            "agent); the script resumes from its latest checkpoint")
     say(f"image {plan.image_uri}")
     for note in plan.notes:
         say(note)

@@ -18,6 +18,9 @@ class LauncherBase:
 
     name = "launcher"
     on_sagemaker = True
+    # Whether `local_config(..., max_restarts=K)` and a plan's `max_restarts` work: restarting every
+    # rank after a failure (`workshop.spec.check_max_restarts` refuses it otherwise).
+    max_restarts_supported = False
 
     def local_config(self, lab: Lab, procs_per_host: int | None) -> Any:
         raise NotImplementedError

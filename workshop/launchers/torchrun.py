@@ -1,5 +1,9 @@
 """The torchrun launcher (labs 3 and 4): SDK v3's own `Torchrun` driver, in both runtimes.
 
+With a restart budget (`max_restarts` > 0) it is the workshop's `ElasticTorchrun` instead:
+torchrun under its elastic agent (`--max-restarts`, c10d rendezvous), which restarts every rank
+when one dies, so the script resumes from its checkpoint (`workshop/drivers/torchrun/`).
+
 With `smp=True` (lab 4), a job whose hyperparameters carry SMP v2 settings (`mp_parameters`,
 what SDK v3's `SMP(...)` dumps) gets `Torchrun(smp=SMP(...))`: the SDK writes the settings into
 `distributed.json` and the SMP image's `torch.sagemaker` reads them. Without settings it is
@@ -10,7 +14,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from sagemaker.train.distributed import DistributedConfig
 
 from workshop.errors import WorkshopError
 from workshop.jobs import JobPlan
@@ -18,6 +25,28 @@ from workshop.launchers.base import LauncherBase
 from workshop.spec import Lab
 
 SMP_IMAGE_MARKER = "smdistributed-modelparallel"  # in the SMP images' repository name
+DRIVER_DIR = Path(__file__).resolve().parent.parent / "drivers" / "torchrun"
+DRIVER_SCRIPT = "elastic_driver.py"
+
+
+class ElasticTorchrun(DistributedConfig):
+    """`torchrun` with a restart budget: `max_restarts` restarts of every rank after a failure.
+
+    `process_count_per_node`: None is one per GPU, as SDK v3's `Torchrun`. `join_timeout_s`: how
+    long the rendezvous waits for every host (torchrun's default, 600 s, when None).
+    """
+
+    process_count_per_node: int | None = None
+    max_restarts: int = 1
+    join_timeout_s: int | None = None
+
+    @property
+    def driver_dir(self) -> str:
+        return str(DRIVER_DIR)
+
+    @property
+    def driver_script(self) -> str:
+        return DRIVER_SCRIPT
 
 
 def smp_settings(hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
@@ -36,9 +65,13 @@ class TorchrunLauncher(LauncherBase):
     def __init__(self, *, smp: bool = False):
         self.smp = smp
 
-    def local_config(self, lab: Lab, procs_per_host: int | None) -> Any:
+    max_restarts_supported = True
+
+    def local_config(self, lab: Lab, procs_per_host: int | None, *, max_restarts: int = 0) -> Any:
         from sagemaker.train.distributed import Torchrun
 
+        if max_restarts:
+            return ElasticTorchrun(process_count_per_node=procs_per_host, max_restarts=max_restarts)
         return Torchrun(process_count_per_node=procs_per_host)
 
     def sagemaker_config(self, plan: JobPlan) -> Any:
@@ -50,6 +83,14 @@ class TorchrunLauncher(LauncherBase):
                 f"SMP settings need the SageMaker model-parallel image; this job's image is {plan.image_uri}.",
                 "use the lab's SMP route (route='smp', CLI: --route smp).",
             )
+        if plan.max_restarts:
+            if settings:
+                raise WorkshopError(
+                    "A restart budget (max_restarts) is not available with SMP settings: the SMP image reads "
+                    "them from SDK v3's own Torchrun driver, which has no restarts.",
+                    "drop max_restarts (CLI: --max-restarts), or use the lab's default route.",
+                )
+            return ElasticTorchrun(process_count_per_node=plan.procs_per_host, max_restarts=plan.max_restarts)
         return Torchrun(process_count_per_node=plan.procs_per_host, smp=SMP(**settings) if settings else None)
 
     def __repr__(self) -> str:

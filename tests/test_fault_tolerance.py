@@ -1,0 +1,99 @@
+"""Fault tolerance, the launcher side: torchrun under its elastic agent with a restart budget
+(`ElasticTorchrun`, `workshop/drivers/torchrun/elastic_driver.py`), in both runtimes.
+
+The scripts' side (fault injection, atomic and sharded checkpoints, resuming) is in
+tests/test_fault_tolerance_scripts.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from workshop.__main__ import main
+from workshop.errors import WorkshopError
+from workshop.jobs import dry_run
+from workshop.labs import get_lab
+from workshop.launchers.torchrun import DRIVER_DIR, DRIVER_SCRIPT, ElasticTorchrun
+from workshop.spec import load_module
+
+LAB3, LAB4 = get_lab("data_parallel"), get_lab("model_parallel")
+
+
+def driver():
+    return load_module(DRIVER_DIR / DRIVER_SCRIPT, "elastic_driver_under_test")
+
+
+def host_env(host: int, hosts: int = 2, **config) -> dict[str, str]:
+    return {
+        "SM_DISTRIBUTED_CONFIG": json.dumps({"process_count_per_node": 1, **config}),
+        "SM_HPS": json.dumps({"epochs": 3, "lr": 0.02, "backend": "gloo"}),
+        "SM_HOST_COUNT": str(hosts), "SM_MASTER_ADDR": "algo-1", "SM_MASTER_PORT": "7777",
+        "SM_CURRENT_HOST": f"algo-{host + 1}", "SM_CURRENT_HOST_RANK": str(host), "SM_ENTRY_SCRIPT": "train.py",
+        "SM_NUM_GPUS": "0", "TRAINING_JOB_NAME": "alice-data-parallel-1",
+    }
+
+
+def test_without_a_budget_the_command_is_the_sdks_own(monkeypatch):
+    import sagemaker.train
+
+    sdk = Path(sagemaker.train.__file__).parent / "container_drivers" / "distributed_drivers"
+    monkeypatch.syspath_prepend(str(sdk.parent))
+    env = host_env(1, max_restarts=0)
+    monkeypatch.setattr(os, "environ", {**os.environ, **env})
+    theirs = load_module(sdk / "torchrun_driver.py", "sdk_torchrun_driver").create_commands()
+    assert driver().torchrun_command(env) == theirs
+    assert theirs[:6] == ["torchrun", "--nnodes=2", "--nproc_per_node=1", "--master_addr=algo-1",
+                          "--master_port=7777", "--node_rank=1"]
+
+
+def test_with_a_budget_torchrun_restarts_through_the_c10d_rendezvous():
+    cmd = driver().torchrun_command(host_env(1, max_restarts=2))
+    assert cmd[:8] == ["torchrun", "--nnodes=2", "--nproc_per_node=1", "--max-restarts=2", "--rdzv-backend=c10d",
+                       "--rdzv-endpoint=algo-1:7777", "--rdzv-id=alice-data-parallel-1", "--local-addr=algo-2"]
+    assert cmd[8:] == ["train.py", "--epochs", "3", "--lr", "0.02", "--backend", "gloo"]
+    assert "--node_rank=1" not in cmd  # the rendezvous ranks nodes by --local-addr: rank 0 stays on algo-1
+
+
+def test_the_drivers_efa_lists_are_the_sdks():
+    import sagemaker.train.container_drivers.common.utils as sdk_utils
+
+    code = (DRIVER_DIR / DRIVER_SCRIPT).read_text()
+    copy = load_module(DRIVER_DIR / DRIVER_SCRIPT, "elastic_driver_copy")
+    assert "from common.utils import SM_EFA_NCCL_INSTANCES" in code  # in the job: the SDK's own lists
+    assert set(copy.EFA_NCCL_INSTANCES) == set(sdk_utils.SM_EFA_NCCL_INSTANCES)
+    assert set(copy.EFA_RDMA_INSTANCES) == set(sdk_utils.SM_EFA_RDMA_INSTANCES)
+
+
+def test_the_local_config_and_the_sagemaker_job_carry_the_budget(no_aws):
+    assert LAB3.distributed_config(1, max_restarts=1) == ElasticTorchrun(process_count_per_node=1, max_restarts=1)
+    assert type(LAB3.distributed_config(1)).__name__ == "Torchrun"  # no budget: the SDK's Torchrun, unchanged
+    request = dry_run(LAB3, show=False, max_restarts=1, instance_count=2)
+    assert json.loads(request.sm_drivers["distributed.json"]) == {
+        "process_count_per_node": None, "max_restarts": 1, "join_timeout_s": None}
+    assert f"distributed_drivers/{DRIVER_SCRIPT}" in request.sm_drivers["sm_train.sh"]
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["run", "parameter_server", "--max-restarts", "1"], "cannot restart its processes after a failure"),
+    (["run", "horovod_pytorch", "--max-restarts", "1"], "cannot restart its processes after a failure"),
+    (["run", "data_parallel", "--max-restarts", "-1"], "max_restarts must be a whole number, 0 or more"),
+    (["run", "data_parallel", "--max-restarts", "-1", "--mode", "sagemaker", "--dry-run"], "0 or more"),
+    (["run", "model_parallel", "--max-restarts", "1", "--mode", "sagemaker", "--dry-run", "--route", "smp",
+      "--allow-unsupported-image", "--hp", 'mp_parameters={"hybrid_shard_degree": 2}'], "not available with SMP settings"),
+])
+def test_a_budget_the_launcher_cannot_honour_is_refused_before_anything_starts(args, error, no_aws, capsys, monkeypatch):
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("something started"))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert error in err and "Fix:" in err, err
+
+
+def test_a_negative_budget_is_refused_by_the_lab_spec():
+    with pytest.raises(WorkshopError, match="0 or more"):
+        LAB4.distributed_config(1, max_restarts=-2)

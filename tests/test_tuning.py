@@ -160,6 +160,9 @@ def test_the_sagemaker_dry_run_is_one_tuning_job_whose_trials_run_the_distribute
     assert "test_accuracy" in [m["Name"] for m in definition["AlgorithmSpecification"]["MetricDefinitions"]]
     assert {c["ChannelName"] for c in definition["InputDataConfig"]} == {"train", "test", "sm_drivers"}
     assert definition["ResourceConfig"]["InstanceCount"] == 2
+    # No shared checkpoint prefix: a trial must not resume another's checkpoint (and the tuner would
+    # send CheckpointConfig without the S3Uri the API requires; the dry run validates as botocore does).
+    assert "CheckpointConfig" not in definition
     assert len(request["HyperParameterTuningJobName"]) <= 32
     assert {"Key": "workshop-lab", "Value": "data_parallel"} in request["Tags"]
     assert "cost: at most $5.63 = 2 trials x 2 x ml.g5.xlarge x $1.408/h x 1 h" in out

@@ -145,8 +145,16 @@ def _dry_run_from_plan(plan: JobPlan, role: str, inputs: Mapping[str, str] | Non
         ) from None
 
     captured: dict[str, Any] = {}
+    invalid: list[str] = []
 
-    def capture(params: dict[str, Any], **_: Any) -> None:
+    def capture(params: dict[str, Any], model: Any = None, **_: Any) -> None:
+        # botocore validates a request after this event: do it here too, so that a dry run shows
+        # only a request the real call would send (a missing required field is a workshop bug).
+        from botocore.validate import ParamValidator
+
+        report = ParamValidator().validate(params, model.input_shape) if model is not None else None
+        if report is not None and report.has_errors():
+            invalid.append(report.generate_report())
         captured.update(copy.deepcopy(params))
         raise _Captured
 
@@ -171,6 +179,8 @@ def _dry_run_from_plan(plan: JobPlan, role: str, inputs: Mapping[str, str] | Non
             pass
         if not captured:
             raise RuntimeError(f"The SageMaker SDK did not call {operation}; cannot dry-run.")
+        if invalid:
+            raise RuntimeError(f"The {operation} request the workshop built is invalid: {invalid[0]}")
         request = DryRunRequest(captured)
         s3 = boto.client("s3")
         if tuning:

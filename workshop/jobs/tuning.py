@@ -159,8 +159,15 @@ def _tuner_class() -> type:
 
 
 def build_tuner(tplan: TuningPlan, trainer: Any, staged: Path) -> Any:
-    """The SDK's tuner over `trainer` (built from `tplan.job`), packing `staged` as the source dir."""
+    """The SDK's tuner over `trainer` (built from `tplan.job`), packing `staged` as the source dir.
+
+    The trials sync no checkpoints with S3: the definition's CheckpointConfig would be one S3
+    prefix for every trial, so a trial could resume another's checkpoint (the labs' scripts resume
+    from whatever their checkpoint folder holds), and the tuner passes the trainer's config
+    without the S3 URI that `ModelTrainer.train()` fills in, which the API requires. Each trial
+    starts fresh and checkpoints into its own container only."""
     trainer.source_code = trainer.source_code.model_copy(update={"source_dir": str(staged)})
+    trainer.checkpoint_config = None
     job = tplan.job
     return _tuner_class()(
         model_trainer=trainer,

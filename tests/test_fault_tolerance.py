@@ -97,3 +97,57 @@ def test_a_budget_the_launcher_cannot_honour_is_refused_before_anything_starts(a
 def test_a_negative_budget_is_refused_by_the_lab_spec():
     with pytest.raises(WorkshopError, match="0 or more"):
         LAB4.distributed_config(1, max_restarts=-2)
+
+
+# --------------------------------------------------------------------------- spot
+
+
+def test_a_spot_job_asks_for_spot_with_a_wait_bound_and_a_checkpoint_location(no_aws, capsys):
+    assert main(["run", "data_parallel", "--mode", "sagemaker", "--dry-run", "--spot"]) == 0
+    out = capsys.readouterr().out
+    request = json.loads(out[out.index("\n{") + 1 : out.index("\n}\n") + 2])
+    assert request["EnableManagedSpotTraining"] is True
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}
+    assert request["CheckpointConfig"]["S3Uri"].endswith("/checkpoints")  # resumed from S3 after an interruption
+    assert "cost on spot: at most the same $2.82" in out and "about $0.84 at a 70% discount" in out
+    assert "up to 90%" in out and "BillableTimeInSeconds" in out
+    assert "spot: managed spot training, up to 7200 s in all" in out
+
+
+def test_an_on_demand_job_is_unchanged(no_aws):
+    request = dry_run(LAB3, show=False)
+    assert "EnableManagedSpotTraining" not in request
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600}
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["--mode", "sagemaker", "--dry-run", "--spot", "--max-wait", "600"], "must be at least max_run_s (3600 s)"),
+    (["--mode", "sagemaker", "--dry-run", "--max-wait", "7200"], "max_wait_s applies to spot jobs only"),
+    (["--spot"], "--spot and --max-wait apply to --mode sagemaker"),
+])
+def test_bad_spot_settings_are_refused_before_anything_starts(args, error, no_aws, capsys, monkeypatch):
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("something started"))
+    assert main(["run", "data_parallel", *args]) == 2
+    err = capsys.readouterr().err
+    assert error in err and "Fix:" in err, err
+
+
+def test_a_search_on_spot_is_refused(no_aws):
+    from workshop.search import SearchSpace
+
+    with pytest.raises(WorkshopError, match="Spot trials are not supported"):
+        dry_run(LAB3, show=False, spot=True, space=SearchSpace.parse(LAB3, ["lr=0.01,0.02"]))
+
+
+def test_spot_jobs_are_checked_against_the_spot_quota():
+    from conftest import quota_client, service_quota
+    from workshop.cloud.preflight import check_quota
+
+    quotas = [service_quota("ml.g5.xlarge for training job usage", 8, "L-OD"),
+              service_quota("ml.g5.xlarge for spot training job usage", 0, "L-SPOT")]
+    assert "for training: 8" in check_quota(quota_client(quotas), "ml.g5.xlarge", 2, "us-east-1")
+    with pytest.raises(WorkshopError, match="quota for ml.g5.xlarge spot training instances in us-east-1 is zero") as info:
+        check_quota(quota_client(quotas), "ml.g5.xlarge", 2, "us-east-1", spot=True)
+    assert "--quota-code L-SPOT" in info.value.fix

@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fault", default=None, metavar="kill-rank=R@step=S",
                      help="fault injection: kill rank R right after step S, once (the script's --fault; "
                           "with --max-restarts the job recovers)")
+    run.add_argument("--spot", action="store_true",
+                     help="sagemaker mode: managed spot training (cheaper; SageMaker may interrupt the job and "
+                          "restart it, which resumes from its checkpoint in S3)")
+    run.add_argument("--max-wait", type=int, default=None, metavar="SECONDS",
+                     help="sagemaker mode, with --spot: the job's whole time, waiting for capacity included "
+                          "(at least its max run; default twice it)")
     run.add_argument("--instance-type", default=None, help="sagemaker mode: instance type; default: the lab's")
     run.add_argument("--role", default=None, help="sagemaker mode: execution role ARN (or set WORKSHOP_ROLE_ARN)")
     run.add_argument("--region", default=None, help="sagemaker mode: AWS region (default: your AWS config's)")
@@ -123,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--seed", type=int, default=0, help="seed of the random draws")
     tune.add_argument("--no-plot", action="store_true", help="local mode: do not write the plot")
     for action in run._actions:  # the run command's options, except those a search does not take
-        if action.dest in ("help", "lab", "checkpoint_dir", "max_restarts", "fault") or not action.option_strings:
+        if action.dest in ("help", "lab", "checkpoint_dir", "max_restarts", "fault", "spot", "max_wait") \
+                or not action.option_strings:
             continue
         tune._add_action(action)
     net = sub.add_parser("network", help="create or reuse (or --show) your workshop VPC")
@@ -169,6 +176,10 @@ def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
             raise WorkshopError("--dry-run applies to --mode sagemaker.", "drop --dry-run, or add --mode sagemaker.")
         if args.route is not None:
             raise WorkshopError("--route applies to --mode sagemaker.", "drop --route, or add --mode sagemaker.")
+        if args.spot or args.max_wait is not None:
+            raise WorkshopError("--spot and --max-wait apply to --mode sagemaker: the local cluster has no spot "
+                                "instances (kill a rank with --fault to see a recovery).",
+                                "drop them, or add --mode sagemaker.")
         result = run_local(
             lab, hosts=args.hosts, procs_per_host=args.procs_per_host, hyperparameters=hps,
             data_dir=local_data_dir(lab, args), checkpoint_dir=args.checkpoint_dir,
@@ -199,6 +210,8 @@ def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
         create_role=args.create_role,
         allow_unsupported_image=args.allow_unsupported_image,
         max_restarts=args.max_restarts,
+        spot=args.spot,
+        max_wait_s=args.max_wait,
     )
 
 

@@ -7,6 +7,15 @@ from dataclasses import dataclass
 from workshop.cloud.network import network_hourly_usd
 from workshop.cloud.prices import INSTANCE_PRICES, PRICE_REGION, PRICES_DATE, TYPICAL_RUN_S
 
+# Managed spot training: what the preflight shows as a typical saving, and where that comes from.
+TYPICAL_SPOT_DISCOUNT = 0.7
+SPOT_DISCOUNT_SOURCE = (
+    "the discount is not fixed: AWS says managed spot training saves up to 90% over on-demand "
+    "(docs.aws.amazon.com/sagemaker/latest/dg/model-managed-spot-training.html), and the spot price moves "
+    "by instance type, region and hour; 70% is an assumption for illustration, not a quote. After a job, "
+    "DescribeTrainingJob's BillableTimeInSeconds against TrainingTimeInSeconds gives the real saving"
+)
+
 
 @dataclass(frozen=True)
 class CostEstimate:
@@ -21,6 +30,7 @@ class CostEstimate:
     network_hourly_usd: float
     source: str
     trials: int = 1  # a tuning job: this many training jobs, each of instance_count instances
+    spot: bool = False  # managed spot training: billed at the spot price, never above on-demand
 
     def lines(self) -> list[str]:
         n, t = self.instance_count, self.instance_type
@@ -33,6 +43,12 @@ class CostEstimate:
                 f"cost: at most ${self.upper_bound_usd:,.2f} = {trials}{n} x {t} x ${self.hourly_usd:.3f}/h x "
                 f"{hours:g} h (max_run; billing is per second, so a shorter job costs less)"
             ]
+            if self.spot:
+                out.append(
+                    f"cost on spot: at most the same ${self.upper_bound_usd:,.2f} (spot is never billed above on-demand), "
+                    f"about ${self.upper_bound_usd * (1 - TYPICAL_SPOT_DISCOUNT):,.2f} at a {TYPICAL_SPOT_DISCOUNT:.0%} "
+                    f"discount; {SPOT_DISCOUNT_SOURCE}"
+                )
             if self.trials > 1:
                 out.append(f"cost: one trial at most ${self.upper_bound_usd / self.trials:,.2f}; trials running at once "
                            "cost the same in total, they only finish sooner")
@@ -59,6 +75,7 @@ def estimate_cost(
     lab_key: str | None = None,
     network_egress: str | None = None,
     trials: int = 1,
+    spot: bool = False,
 ) -> CostEstimate:
     """instances x hourly price x max_run hours (x trials, for a tuning job): the most it can cost."""
     price = INSTANCE_PRICES.get(instance_type)
@@ -76,4 +93,5 @@ def estimate_cost(
         network_hourly_usd=network_hourly_usd(network_egress),
         source=price.source if price else "no price on record",
         trials=trials,
+        spot=spot,
     )

@@ -121,13 +121,15 @@ def check_permissions(iam: Any, caller_arn: str, role_arn: str,
     return f"permissions: {principal} may pass the role and create the job ({count} actions simulated)"
 
 
-def _training_quotas(sq: Any) -> dict[str, tuple[float, str]]:
-    """Service Quotas of SageMaker: '<type> for training job usage' -> (value, quota code)."""
+def _training_quotas(sq: Any, spot: bool = False) -> dict[str, tuple[float, str]]:
+    """Service Quotas of SageMaker: '<type> for training job usage' (with `spot`: '<type> for spot
+    training job usage', a quota of its own) -> (value, quota code)."""
+    suffix = " for spot training job usage" if spot else " for training job usage"
     out: dict[str, tuple[float, str]] = {}
     for page in sq.get_paginator("list_service_quotas").paginate(ServiceCode="sagemaker"):
         for quota in page["Quotas"]:
             name = quota.get("QuotaName", "")
-            if name.endswith(" for training job usage"):
+            if name.endswith(suffix) and (spot or " spot " not in name):
                 out[name.split(" ")[0]] = (quota.get("Value", 0.0), quota.get("QuotaCode", ""))
     return out
 
@@ -146,7 +148,7 @@ def _cheaper_with_quota(
 
 
 def check_quota(sq: Any, instance_type: str, count: int, region: str,
-                allowed: Callable[[str], bool] | None = None, per_job: int | None = None) -> str:
+                allowed: Callable[[str], bool] | None = None, per_job: int | None = None, spot: bool = False) -> str:
     """The account's Service Quotas value for `instance_type` training instances.
 
     `allowed` (the job plan's `allows`): what an alternative instance type must satisfy, so a
@@ -154,8 +156,9 @@ def check_quota(sq: Any, instance_type: str, count: int, region: str,
     instances per trial, when `count` is that times the trials running at once."""
     from botocore.exceptions import BotoCoreError, ClientError
 
+    kind = "spot training" if spot else "training"
     try:
-        quotas = _training_quotas(sq)
+        quotas = _training_quotas(sq, spot)
     except NotImplementedError:
         return "quota: not checked (Service Quotas is not available here)"
     except ClientError as exc:
@@ -163,17 +166,17 @@ def check_quota(sq: Any, instance_type: str, count: int, region: str,
     except BotoCoreError as exc:
         return f"quota: not checked ({exc})"
     if not quotas:
-        return "quota: not checked (Service Quotas listed no SageMaker training quotas)"
+        return f"quota: not checked (Service Quotas listed no SageMaker {kind} quotas)"
     if instance_type not in quotas:
         offered = _cheaper_with_quota(quotas, instance_type, 1, allowed) or sorted(
             t for t in quotas if allowed is None or allowed(t))[:3]
         raise WorkshopError(
-            f"{instance_type} is not offered for SageMaker training in {region} (no training quota for it).",
+            f"{instance_type} is not offered for SageMaker {kind} in {region} (no {kind} quota for it).",
             f"choose another instance type, e.g. {', '.join(offered)}, or another region.",
         )
     value, code = quotas[instance_type]
     if value >= count:
-        return f"quota: {instance_type} for training: {value:g} (need {count})"
+        return f"quota: {instance_type} for {kind}: {value:g} (need {count})"
     smaller = _cheaper_with_quota(quotas, instance_type, count, allowed)
     alternatives = f" or use {', '.join(smaller)}, whose quota allows {count}" if smaller else ""
     what = "is zero" if value == 0 else f"is {value:g}"
@@ -185,7 +188,7 @@ def check_quota(sq: Any, instance_type: str, count: int, region: str,
         needs = f"the job needs {count}"
         fewer = "" if value == 0 else f", or run with hosts={int(value)}"
     raise WorkshopError(
-        f"Your account's quota for {instance_type} training instances in {region} {what}; {needs}.",
+        f"Your account's quota for {instance_type} {kind} instances in {region} {what}; {needs}.",
         f"request an increase: aws service-quotas request-service-quota-increase --service-code sagemaker "
         f"--quota-code {code} --desired-value {count} --region {region}{alternatives}{fewer}.",
     )
@@ -242,9 +245,11 @@ def preflight(
         permissions=check_permissions(boto.client("iam"), identity, role_arn, checks),
         quota=check_quota(boto.client("service-quotas"), plan.instance_type, plan.instance_count * parallel,
                           boto.region_name, allowed=getattr(plan, "allows", None),
-                          per_job=plan.instance_count if tuning is not None else None),
+                          per_job=plan.instance_count if tuning is not None else None,
+                          spot=bool(getattr(plan, "spot", False))),
         cost=estimate_cost(plan.instance_type, plan.instance_count, plan.max_run_s, lab_key=plan.lab.key,
-                           network_egress=network_egress, trials=tuning.n_trials if tuning is not None else 1),
+                           network_egress=network_egress, trials=tuning.n_trials if tuning is not None else 1,
+                           spot=bool(getattr(plan, "spot", False))),
     )
     if show:
         for line in report.lines():
@@ -267,7 +272,7 @@ def dry_run_lines(plan: Any, role_arn: str, network_egress: str | None, *, trial
         out = ["network: none (SageMaker's own network; pass network=True for the workshop VPC)"]
     out.append(f"role: {role_arn}")
     out += estimate_cost(plan.instance_type, plan.instance_count, plan.max_run_s, lab_key=plan.lab.key,
-                         network_egress=network_egress, trials=trials).lines()
+                         network_egress=network_egress, trials=trials, spot=bool(getattr(plan, "spot", False))).lines()
     need = plan.instance_count * parallel
     out.append("preflight needing an account (skipped in a dry run): credentials (sts:GetCallerIdentity), "
                "the role (iam:GetRole), permissions (iam:SimulatePrincipalPolicy), "

@@ -78,6 +78,8 @@ class JobRequest:
     image_uri: str | None = None  # your own training image instead of the lab's framework image
     allow_unsupported_image: bool = False  # run a framework image past its end of patch anyway
     max_restarts: int = 0  # restarts of every rank after a failure (torchrun labs), 0: none
+    spot: bool = False  # managed spot training: cheaper instances SageMaker may reclaim and restart
+    max_wait_s: int | None = None  # spot: the job's whole time, waiting included (default 2 x max_run_s)
 
     @classmethod
     def of(cls, request: JobRequest | Lab, **fields: Any) -> JobRequest:
@@ -136,6 +138,8 @@ class JobPlan:
     # (why, fix) for what the launcher must fetch from the internet at run time (`check_internet`).
     internet_needs: tuple[tuple[str, str], ...] = ()
     max_restarts: int = 0  # restarts of every rank after a failure (the launcher's elastic agent)
+    spot: bool = False  # managed spot training
+    max_wait_s: int | None = None  # spot only: MaxWaitTimeInSeconds
 
     def allows(self, instance_type: str) -> bool:
         """Whether this job, as planned, could run on `instance_type` instead: a training type the
@@ -268,7 +272,20 @@ def plan_job(
         )
     checkpoint_s3_uri = check_s3_uri(request.checkpoint_s3_uri, "checkpoint_s3_uri")
     output_s3_uri = check_s3_uri(request.output_s3_uri, "output_s3_uri")
-
+    spot, max_wait_s = bool(request.spot), request.max_wait_s
+    if max_wait_s is not None and not spot:
+        raise WorkshopError("max_wait_s applies to spot jobs only.", "pass spot=True (CLI: --spot), or drop max_wait_s.")
+    if spot:
+        max_wait_s = 2 * max_run_s if max_wait_s is None else max_wait_s
+        if isinstance(max_wait_s, bool) or not isinstance(max_wait_s, int) or not max_run_s <= max_wait_s <= MAX_RUNTIME_LIMIT_S:
+            raise WorkshopError(
+                f"max_wait_s ({max_wait_s!r}) must be at least max_run_s ({max_run_s} s), and at most "
+                f"{MAX_RUNTIME_LIMIT_S} s: it bounds the whole job, training plus waiting for spot capacity.",
+                f"pass max_wait_s={2 * max_run_s} (CLI: --max-wait {2 * max_run_s}), or a shorter max_run_s.",
+            )
+        notes.append(f"spot: managed spot training, up to {max_wait_s} s in all (training and waiting for capacity); "
+                     "SageMaker restarts the job after an interruption and it resumes from its checkpoint in S3 "
+                     + (f"({checkpoint_s3_uri})" if checkpoint_s3_uri else "(the SDK's default, <output>/<job>/checkpoints)"))
     framework, version, py_version = defaults.framework, defaults.framework_version, defaults.py_version
     # Only the SMP images need it (REFERENCE.md: without it the pytorch-smp tag is wrong);
     # read with getattr so labs can add the field to SageMakerDefaults when they need it.
@@ -365,6 +382,8 @@ def plan_job(
         allowed_instance_types=allowed,
         excluded_instance_families=excluded,
         max_restarts=max_restarts,
+        spot=spot,
+        max_wait_s=max_wait_s,
     )
     plan = lab.launcher.check(plan)  # the launcher's own offline checks
     return lab.sagemaker_check(plan) if lab.sagemaker_check else plan

@@ -95,9 +95,11 @@ def build_from_plan(plan: JobPlan, role: str, session: Any, validate_role: bool 
                     instance_type=plan.instance_type,
                     instance_count=plan.instance_count,
                     volume_size_in_gb=plan.sagemaker.volume_size_gb,
+                    enable_managed_spot_training=plan.spot or None,
                 ),
                 networking=networking,
-                stopping_condition=StoppingCondition(max_runtime_in_seconds=plan.max_run_s),
+                stopping_condition=StoppingCondition(max_runtime_in_seconds=plan.max_run_s,
+                                                     max_wait_time_in_seconds=plan.max_wait_s),
                 checkpoint_config=CheckpointConfig(s3_uri=plan.checkpoint_s3_uri, local_path=CHECKPOINT_DIR),
                 output_data_config=(
                     OutputDataConfig(s3_output_path=plan.output_s3_uri, compression_type="GZIP")

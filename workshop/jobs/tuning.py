@@ -88,6 +88,12 @@ def plan_tuning(plan: JobPlan, space: SearchSpace, objective: Objective, paralle
         raise WorkshopError(f"--parallel must be at least 1, got {parallel}.",
                             "pass --parallel 2 (trials running at once), or leave it out.")
     parallel = min(parallel, n)
+    if plan.spot:
+        raise WorkshopError(
+            "Spot trials are not supported: a tuning job's trials sync no checkpoints (one S3 prefix would be "
+            "shared by every trial), so an interrupted trial would start again from nothing.",
+            "drop spot for the search (CLI: --spot), or run single jobs on spot with `python -m workshop run --spot`.",
+        )
     if objective.metric not in [d["Name"] for d in plan.metric_definitions]:
         raise WorkshopError(f"The job defines no metric {objective.metric!r} to rank trials by.",
                             f"pick one of {', '.join(d['Name'] for d in plan.metric_definitions)}.")

@@ -4,6 +4,7 @@
     python -m workshop run LAB [--hosts N] [--procs-per-host P] [--mode local|sagemaker]
                                [--dry-run] [--hp KEY=VALUE ...] [--route ROUTE]
                                [--allow-unsupported-image] [--workdir DIR] [--checkpoint-dir DIR]
+                               [--max-restarts K] [--fault kill-rank=R@step=S] [--spot [--max-wait S]]
     python -m workshop run all            # every lab, locally, then a summary table
     python -m workshop tune LAB --param lr=0.01,0.02,0.04 [--param batch-size=32,64] [--trials N]
                                 [--parallel K] [--mode local|sagemaker] [--dry-run] [--hp KEY=VALUE ...]

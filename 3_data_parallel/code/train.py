@@ -30,9 +30,12 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
+import itertools
 import json
 import os
 import platform
+import re
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -103,22 +106,36 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=int, default=0,
         help="CPU threads per rank (0: this host's CPUs divided by its ranks, so ranks do not fight for cores)",
     )
+    g.add_argument(
+        "--checkpoint-every", type=int, default=0,
+        help="also checkpoint every this many global steps, mid-epoch included, so a restart loses fewer "
+             "(0: only at the end of each epoch, as always)",
+    )
     d = p.add_argument_group("SageMaker contract (defaults from SM_* variables)")
     d.add_argument("--train", default=env("SM_CHANNEL_TRAIN", "data/mnist/train"), help="train channel")
     d.add_argument("--test", default=env("SM_CHANNEL_TEST", "data/mnist/test"), help="test channel")
     d.add_argument("--model-dir", default=env("SM_MODEL_DIR", "artifacts/model"), help="where rank 0 writes the model")
     d.add_argument(
         "--checkpoint-dir", default=env("SM_CHECKPOINT_DIR", "artifacts/checkpoints"),
-        help="checkpoint each epoch here; resume from it when it holds one",
+        help="checkpoint.pt here, each epoch (and every --checkpoint-every steps); resume from it when it holds one",
     )
     return p
 
 
-def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int | None = None) -> None:
+def steps_per_epoch(args: argparse.Namespace, world_size: int, train_samples: int) -> int:
+    """Optimizer steps in one epoch: each rank's DistributedSampler shard (ceil(samples / world size),
+    padded) in whole batches (drop_last), at most --max-steps."""
+    steps = -(-train_samples // world_size) // args.batch_size
+    return min(steps, args.max_steps) if args.max_steps else steps
+
+
+def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int | None = None,
+               fault: str | None = None) -> None:
     """Checks the workshop also runs before it starts any process or job (raises ValueError).
 
     The message names each broken rule, then after "Fix:" what to do about each, so the
-    workshop (and a reader of the job's log) can tell the user what to change.
+    workshop (and a reader of the job's log) can tell the user what to change. `fault` is the
+    WORKSHOP_FAULT to check (None: this process's environment variable).
     """
     problems, fixes = [], []
     default = build_parser().get_default
@@ -130,9 +147,10 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
     if args.lr <= 0:
         problems.append(f"--lr must be positive, got {args.lr}")
         fixes.append(f"set --lr to a positive number, e.g. {default('lr')} (its default)")
-    if args.max_steps < 0 or args.threads < 0:
-        problems.append("--max-steps and --threads must be 0 or more")
-        fixes.append("set --max-steps and --threads to 0 (their defaults: whole epochs, an automatic thread count) or more")
+    if args.max_steps < 0 or args.threads < 0 or args.checkpoint_every < 0:
+        problems.append("--max-steps, --threads and --checkpoint-every must be 0 or more")
+        fixes.append("set --max-steps, --threads and --checkpoint-every to 0 (their defaults: whole epochs, an "
+                     "automatic thread count, a checkpoint per epoch) or more")
     if world_size < 1:
         problems.append(f"the world size must be at least 1, got {world_size}")
         fixes.append("run at least one process")
@@ -144,6 +162,16 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
         )
         fixes.append(f"set --batch-size to {per_rank} or less, e.g. {min(default('batch_size'), per_rank)}, or run fewer processes"
                      if per_rank else "run fewer processes than there are training samples")
+    if problems:
+        raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
+    # The run's last global step: known from the data's size, else bounded by --max-steps.
+    if train_samples is not None:
+        last_step = args.epochs * steps_per_epoch(args, world_size, train_samples)
+    else:
+        last_step = args.epochs * args.max_steps if args.max_steps else None
+    more, fault_fixes = fault_problems(os.environ.get(FAULT_ENV) if fault is None else fault, world_size, last_step)
+    problems += more
+    fixes += fault_fixes
     if problems:
         raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
 
@@ -275,6 +303,188 @@ def save_atomic(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
+# ----------------------------------------------------------------------------- fault tolerance
+# Under torchrun's elastic agent (`--max-restarts K`) a dead rank makes the agent restart every
+# rank (TORCHELASTIC_RESTART_COUNT = 1, 2, ...), and the script resumes from its newest complete
+# checkpoint. WORKSHOP_FAULT injects such a failure; the helpers below are the same in labs 3 and 4.
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+FAULT_ENV = "WORKSHOP_FAULT"
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def parse_fault(text: str | None) -> tuple[int, int] | None:
+    """The fault that WORKSHOP_FAULT asks for, as (rank, step); None when it is unset or blank.
+
+    `kill-rank=R@step=N`: the process whose global RANK is R kills itself with SIGKILL right after
+    it finishes global step N, on the first attempt only (see `inject_fault`). Global steps are the
+    optimizer steps of the whole run, counted from 1 across epochs (a resumed run goes on counting).
+    Anything else, step 0 included, raises ValueError ("... Fix: ...").
+    """
+    if text is None or not text.strip():
+        return None
+    match = re.fullmatch(r"kill-rank=(\d+)@step=(\d+)", text)
+    if not match or int(match[2]) < 1:
+        raise ValueError(
+            f"{FAULT_ENV}={text!r} is not a fault this script can inject: the form is kill-rank=R@step=N, "
+            f"R a global rank and N a global training step counted from 1. Fix: set {FAULT_ENV} to, "
+            f"e.g., kill-rank=1@step=30, or unset it."
+        )
+    return int(match[1]), int(match[2])
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def fault_problems(text: str | None, world_size: int, last_step: int | None) -> tuple[list[str], list[str]]:
+    """check_args' rules for WORKSHOP_FAULT, as (problems, fixes): both empty when it is unset or fine.
+
+    `last_step` is the run's last global step (None when it cannot be known before the data is read).
+    """
+    try:
+        fault = parse_fault(text)
+    except ValueError as exc:
+        problem, _, fix = str(exc).partition(" Fix: ")
+        return [problem.rstrip(".")], [fix.rstrip(".")]
+    if fault is None:
+        return [], []
+    (rank, step), problems, fixes = fault, [], []
+    if rank >= world_size:
+        problems.append(f"{FAULT_ENV}={text} names rank {rank}, but a world of {world_size} has ranks 0 to {world_size - 1}")
+        fixes.append(f"name a rank from 0 to {world_size - 1} in {FAULT_ENV}")
+    if last_step is not None and step > last_step:
+        problems.append(f"{FAULT_ENV}={text} names step {step}, past the run's last step, {last_step}")
+        fixes.append(f"name a step from 1 to {last_step} in {FAULT_ENV}, or train for more steps")
+    return problems, fixes
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def restart_count() -> int:
+    """How many times torchrun's elastic agent has restarted this job's ranks: 0 on the first attempt."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or a new entry in `folder` durable: fsync the folder itself (POSIX; a no-op where
+    folders cannot be opened, as on Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def write_atomic(path: Path, write, durable: bool = True) -> None:
+    """Write `path` so that a crash at any moment leaves either its old content or its new one:
+    `write(file)` fills `<name>.tmp`, which is flushed, fsynced, then renamed over `path`
+    (os.replace, atomic on POSIX), and the folder is fsynced so the rename survives a power cut.
+    `durable=False` skips both fsyncs: still never torn, but only safe against a process dying,
+    not a machine (for records rewritten often). A leftover `.tmp` is never read."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        if durable:
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def inject_fault(fault: tuple[int, int] | None, rank: int, step: int, checkpoint_dir: str | Path) -> None:
+    """If `fault` (from parse_fault) names this rank and the global step it just finished, and this is
+    the first attempt (a restarted job must not fail again), die as a crashing host would: SIGKILL,
+    no exception, no clean-up, no exit code of its own. Before that, one line on stdout and the
+    record `fault.json` in the checkpoint folder (rank, step, wall-clock time), from which the resumed
+    run counts the steps lost and the seconds it took to recover."""
+    if fault != (rank, step) or restart_count() > 0:
+        return
+    text = os.environ.get(FAULT_ENV)
+    record = {"rank": rank, "step": step, "time": time.time(), "attempt": 0, "fault": text}
+    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    write_atomic(Path(checkpoint_dir) / "fault.json", lambda f: f.write(json.dumps(record).encode()))
+    print(f"FAULT: killing rank {rank} at step {step} ({FAULT_ENV}={text})", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def write_progress(checkpoint_dir: str | Path, step: int) -> None:
+    """Rank 0's last finished global step, as `progress.json` in the checkpoint folder: how a resumed run
+    knows how far the failed attempt got. Rewritten every log interval, so not fsynced: it has to
+    survive the process, not the machine."""
+    record = {"step": step, "time": time.time(), "attempt": restart_count()}
+    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    write_atomic(Path(checkpoint_dir) / "progress.json", lambda f: f.write(json.dumps(record).encode()), durable=False)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def read_recovery(checkpoint_dir: str | Path, resumed_step: int) -> dict:
+    """What the attempt before this one left behind, measured against the checkpoint this one resumes from.
+
+    `last_step`: the failed attempt's last finished global step; `lost_steps`: last_step minus
+    `resumed_step`, the steps to do again; `exact`: whether last_step is exact (from the fault record:
+    no rank can finish a step past the one a peer died after, since every step needs every rank) or a
+    lower bound (rank 0's progress record, written every log interval); `fault_time`: when the
+    injected fault struck (time.time() of the dying rank), else None. Records of another attempt than
+    the previous one are not used; what is unknown is None.
+    """
+    folder, attempt = Path(checkpoint_dir), restart_count()
+    records = {}
+    for name in ("fault", "progress"):
+        try:
+            records[name] = json.loads((folder / f"{name}.json").read_text())
+        except (OSError, ValueError):
+            records[name] = None
+    fault, progress = records["fault"], records["progress"]
+    if fault is not None and (attempt == 0 or fault.get("attempt") != attempt - 1):
+        fault = None  # an earlier run's fault: not the failure this attempt recovers from
+    if progress is not None and attempt > 0 and progress.get("attempt") != attempt - 1:
+        progress = None
+    steps = [r["step"] for r in (fault, progress) if r is not None]
+    last = max(steps) if steps else None
+    return {
+        "last_step": last,
+        "lost_steps": None if last is None else max(0, last - resumed_step),
+        "exact": fault is not None,
+        "fault_time": fault["time"] if fault is not None else None,
+    }
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def announce_resume(checkpoint: str | Path | None, step: int, recovery: dict) -> None:
+    """Rank 0's lines on resuming: the checkpoint, its step, the restart, and the steps lost."""
+    if checkpoint is None:
+        print(f"no checkpoint to resume from: restart {restart_count()} starts again at step 0", flush=True)
+    else:
+        print(f"resumed from {checkpoint} at step {step} (restart {restart_count()})", flush=True)
+    if recovery["lost_steps"] is not None:
+        source = "its fault record" if recovery["exact"] else "rank 0's progress record, so at least that many"
+        print(f"{recovery['lost_steps']} step(s) to do again: the failed attempt had finished step "
+              f"{recovery['last_step']} ({source})", flush=True)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def report_recovery(recovery: dict, resumed_step: int, step: int | None) -> None:
+    """A resumed run's METRICS line, once its first step (`step`; None when none was left) is done:
+    restart, resumed_step, lost_steps (exact) or lost_steps_at_least (from the progress record), and
+    recover_s, the seconds from the injected fault to the end of that first step."""
+    values = {"rank": 0, "step": resumed_step if step is None else step, "restart": restart_count(),
+              "resumed_step": resumed_step}
+    if recovery["lost_steps"] is not None:
+        values["lost_steps" if recovery["exact"] else "lost_steps_at_least"] = recovery["lost_steps"]
+    if recovery["fault_time"] is not None and step is not None:
+        values["recover_s"] = time.time() - recovery["fault_time"]
+    metrics(**values)
+
+
 # ----------------------------------------------------------------------------- training
 
 
@@ -366,31 +576,64 @@ def main(argv=None) -> int:
 
     # DDP: each rank draws a disjoint 1/world_size shard of every (reshuffled) epoch.
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    # A resumed epoch starts mid-way: the sampler's first (batches done x batch size) indices are skipped.
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=SkipFirst(sampler), drop_last=True)
 
-    start_epoch = 1
-    ckpt_path = Path(args.checkpoint_dir) / "checkpoint.pt"
+    per_epoch = steps_per_epoch(args, world_size, len(train_set))
+    fault = parse_fault(os.environ.get(FAULT_ENV))  # check_args has checked it
+    ckpt_dir = Path(args.checkpoint_dir)
+    ckpt_path = ckpt_dir / "checkpoint.pt"
     state = [None]
-    if rank == 0 and ckpt_path.is_file():
-        state = [torch.load(ckpt_path, map_location="cpu", weights_only=False)]
+    if rank == 0:
+        if restart_count() == 0:  # a fault record left by an earlier run is not this run's
+            with contextlib.suppress(FileNotFoundError):
+                (ckpt_dir / "fault.json").unlink()
+        state = [load_checkpoint(ckpt_path)]
     if distributed:
         # DDP: rank 0's checkpoint reaches every rank, whichever hosts have the file.
         dist.broadcast_object_list(state, src=0)
+    start_epoch, skip, step, rng, recovery = 1, 0, 0, None, None
     if state[0] is not None:
-        unwrap(model).load_state_dict(state[0]["model"])
-        optimizer.load_state_dict(state[0]["optimizer"])
-        start_epoch = state[0]["epoch"] + 1
+        ckpt = state[0]
+        unwrap(model).load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        # The position: `epoch` whole epochs done, then `batch` batches of the next (0 at an epoch's end).
+        start_epoch, skip = ckpt["epoch"] + 1, ckpt.get("batch", 0)
+        step = ckpt.get("step", ckpt["epoch"] * per_epoch + skip)
+        resharded = skip and (ckpt.get("world_size"), ckpt.get("batch_size")) != (world_size, args.batch_size)
+        if resharded:  # the same share of the epoch's samples, in batches of this world's shape
+            skip = skip * ckpt["world_size"] * ckpt["batch_size"] // (world_size * args.batch_size)
+        rngs = ckpt.get("rng") or [None]
+        rng = rngs[rank] if len(rngs) == world_size else rngs[0]
         if rank == 0:
-            print(f"Resumed from {ckpt_path} after epoch {state[0]['epoch']}.", flush=True)
+            recovery = read_recovery(ckpt_dir, step)
+            announce_resume(ckpt_path, step, recovery)
+            if skip:
+                print(f"Resumed from {ckpt_path} in epoch {start_epoch}, after its batch {skip} of {per_epoch}"
+                      + (f" (rescaled from a world of {ckpt['world_size']} x {ckpt['batch_size']}: the rest of "
+                         "the epoch is split differently)" if resharded else "") + ".", flush=True)
+            else:
+                print(f"Resumed from {ckpt_path} after epoch {ckpt['epoch']}.", flush=True)
+    elif restart_count() > 0 and rank == 0:
+        recovery = read_recovery(ckpt_dir, 0)
+        announce_resume(None, 0, recovery)
+    if rng is not None and not skip:
+        set_rng_state(rng)  # at an epoch's end: before the next epoch's loader draws its seed, as it did then
+    resumed_step = step
 
-    step = (start_epoch - 1) * len(loader)
     test_loss = test_acc = float("nan")
     for epoch in range(start_epoch, args.epochs + 1):
         sampler.set_epoch(epoch)  # DDP: a new shuffle each epoch, the same on every rank
+        first = skip + 1 if epoch == start_epoch else 1  # the epoch's first batch still to train on
+        loader.sampler.skip = (first - 1) * args.batch_size
         model.train()
         t0 = time.perf_counter()
         seen = 0
-        for i, (x, y) in enumerate(loader, 1):
+        batches = iter(loader)  # draws a seed from the global RNG (unused without workers), every epoch
+        if rng is not None:
+            set_rng_state(rng)  # mid-epoch: after that draw, where the checkpoint took the state
+            rng = None
+        for i, (x, y) in zip(range(first, per_epoch + 1), batches):
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
@@ -400,8 +643,15 @@ def main(argv=None) -> int:
             seen += len(y)
             if i % args.log_interval == 0:
                 metrics(rank=rank, epoch=epoch, step=step, train_loss=loss.item())
-            if args.max_steps and i >= args.max_steps:
-                break
+                if rank == 0:
+                    write_progress(ckpt_dir, step)
+            if args.checkpoint_every and step % args.checkpoint_every == 0:
+                save_checkpoint(ckpt_path, model, optimizer, {"epoch": epoch - 1, "batch": i, "step": step},
+                                args.batch_size, rank, world_size)
+            inject_fault(fault, rank, step, ckpt_dir)  # WORKSHOP_FAULT: die here, after this step (and its checkpoint)
+            if recovery is not None:  # the first step since the restart
+                report_recovery(recovery, resumed_step, step)
+                recovery = None
         epoch_time = time.perf_counter() - t0
         test_loss, test_acc = evaluate(model, test_set, rank, world_size, device)
         if rank == 0:
@@ -409,11 +659,10 @@ def main(argv=None) -> int:
                 rank=0, epoch=epoch, step=step, test_loss=test_loss, test_accuracy=test_acc,
                 epoch_time_s=epoch_time, samples_per_sec=seen * world_size / epoch_time,
             )
-            Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-            save_atomic(
-                {"epoch": epoch, "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict()},
-                ckpt_path,
-            )
+        save_checkpoint(ckpt_path, model, optimizer, {"epoch": epoch, "batch": 0, "step": step},
+                        args.batch_size, rank, world_size)
+    if recovery is not None:  # resumed with no step left to do
+        report_recovery(recovery, resumed_step, None)
 
     if start_epoch > args.epochs:  # resumed a finished run: report the model as it is
         test_loss, test_acc = evaluate(model, test_set, rank, world_size, device)

@@ -441,6 +441,188 @@ def metrics(**values) -> None:
     print(f"METRICS {parts}", flush=True)
 
 
+# ----------------------------------------------------------------------------- fault tolerance
+# Under torchrun's elastic agent (`--max-restarts K`) a dead rank makes the agent restart every
+# rank (TORCHELASTIC_RESTART_COUNT = 1, 2, ...), and the script resumes from its newest complete
+# checkpoint. WORKSHOP_FAULT injects such a failure; the helpers below are the same in labs 3 and 4.
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+FAULT_ENV = "WORKSHOP_FAULT"
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def parse_fault(text: str | None) -> tuple[int, int] | None:
+    """The fault that WORKSHOP_FAULT asks for, as (rank, step); None when it is unset or blank.
+
+    `kill-rank=R@step=N`: the process whose global RANK is R kills itself with SIGKILL right after
+    it finishes global step N, on the first attempt only (see `inject_fault`). Global steps are the
+    optimizer steps of the whole run, counted from 1 across epochs (a resumed run goes on counting).
+    Anything else, step 0 included, raises ValueError ("... Fix: ...").
+    """
+    if text is None or not text.strip():
+        return None
+    match = re.fullmatch(r"kill-rank=(\d+)@step=(\d+)", text)
+    if not match or int(match[2]) < 1:
+        raise ValueError(
+            f"{FAULT_ENV}={text!r} is not a fault this script can inject: the form is kill-rank=R@step=N, "
+            f"R a global rank and N a global training step counted from 1. Fix: set {FAULT_ENV} to, "
+            f"e.g., kill-rank=1@step=30, or unset it."
+        )
+    return int(match[1]), int(match[2])
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def fault_problems(text: str | None, world_size: int, last_step: int | None) -> tuple[list[str], list[str]]:
+    """check_args' rules for WORKSHOP_FAULT, as (problems, fixes): both empty when it is unset or fine.
+
+    `last_step` is the run's last global step (None when it cannot be known before the data is read).
+    """
+    try:
+        fault = parse_fault(text)
+    except ValueError as exc:
+        problem, _, fix = str(exc).partition(" Fix: ")
+        return [problem.rstrip(".")], [fix.rstrip(".")]
+    if fault is None:
+        return [], []
+    (rank, step), problems, fixes = fault, [], []
+    if rank >= world_size:
+        problems.append(f"{FAULT_ENV}={text} names rank {rank}, but a world of {world_size} has ranks 0 to {world_size - 1}")
+        fixes.append(f"name a rank from 0 to {world_size - 1} in {FAULT_ENV}")
+    if last_step is not None and step > last_step:
+        problems.append(f"{FAULT_ENV}={text} names step {step}, past the run's last step, {last_step}")
+        fixes.append(f"name a step from 1 to {last_step} in {FAULT_ENV}, or train for more steps")
+    return problems, fixes
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def restart_count() -> int:
+    """How many times torchrun's elastic agent has restarted this job's ranks: 0 on the first attempt."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or a new entry in `folder` durable: fsync the folder itself (POSIX; a no-op where
+    folders cannot be opened, as on Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def write_atomic(path: Path, write, durable: bool = True) -> None:
+    """Write `path` so that a crash at any moment leaves either its old content or its new one:
+    `write(file)` fills `<name>.tmp`, which is flushed, fsynced, then renamed over `path`
+    (os.replace, atomic on POSIX), and the folder is fsynced so the rename survives a power cut.
+    `durable=False` skips both fsyncs: still never torn, but only safe against a process dying,
+    not a machine (for records rewritten often). A leftover `.tmp` is never read."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        if durable:
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def inject_fault(fault: tuple[int, int] | None, rank: int, step: int, checkpoint_dir: str | Path) -> None:
+    """If `fault` (from parse_fault) names this rank and the global step it just finished, and this is
+    the first attempt (a restarted job must not fail again), die as a crashing host would: SIGKILL,
+    no exception, no clean-up, no exit code of its own. Before that, one line on stdout and the
+    record `fault.json` in the checkpoint folder (rank, step, wall-clock time), from which the resumed
+    run counts the steps lost and the seconds it took to recover."""
+    if fault != (rank, step) or restart_count() > 0:
+        return
+    text = os.environ.get(FAULT_ENV)
+    record = {"rank": rank, "step": step, "time": time.time(), "attempt": 0, "fault": text}
+    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    write_atomic(Path(checkpoint_dir) / "fault.json", lambda f: f.write(json.dumps(record).encode()))
+    print(f"FAULT: killing rank {rank} at step {step} ({FAULT_ENV}={text})", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def write_progress(checkpoint_dir: str | Path, step: int) -> None:
+    """Rank 0's last finished global step, as `progress.json` in the checkpoint folder: how a resumed run
+    knows how far the failed attempt got. Rewritten every log interval, so not fsynced: it has to
+    survive the process, not the machine."""
+    record = {"step": step, "time": time.time(), "attempt": restart_count()}
+    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    write_atomic(Path(checkpoint_dir) / "progress.json", lambda f: f.write(json.dumps(record).encode()), durable=False)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def read_recovery(checkpoint_dir: str | Path, resumed_step: int) -> dict:
+    """What the attempt before this one left behind, measured against the checkpoint this one resumes from.
+
+    `last_step`: the failed attempt's last finished global step; `lost_steps`: last_step minus
+    `resumed_step`, the steps to do again; `exact`: whether last_step is exact (from the fault record:
+    no rank can finish a step past the one a peer died after, since every step needs every rank) or a
+    lower bound (rank 0's progress record, written every log interval); `fault_time`: when the
+    injected fault struck (time.time() of the dying rank), else None. Records of another attempt than
+    the previous one are not used; what is unknown is None.
+    """
+    folder, attempt = Path(checkpoint_dir), restart_count()
+    records = {}
+    for name in ("fault", "progress"):
+        try:
+            records[name] = json.loads((folder / f"{name}.json").read_text())
+        except (OSError, ValueError):
+            records[name] = None
+    fault, progress = records["fault"], records["progress"]
+    if fault is not None and (attempt == 0 or fault.get("attempt") != attempt - 1):
+        fault = None  # an earlier run's fault: not the failure this attempt recovers from
+    if progress is not None and attempt > 0 and progress.get("attempt") != attempt - 1:
+        progress = None
+    steps = [r["step"] for r in (fault, progress) if r is not None]
+    last = max(steps) if steps else None
+    return {
+        "last_step": last,
+        "lost_steps": None if last is None else max(0, last - resumed_step),
+        "exact": fault is not None,
+        "fault_time": fault["time"] if fault is not None else None,
+    }
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def announce_resume(checkpoint: str | Path | None, step: int, recovery: dict) -> None:
+    """Rank 0's lines on resuming: the checkpoint, its step, the restart, and the steps lost."""
+    if checkpoint is None:
+        print(f"no checkpoint to resume from: restart {restart_count()} starts again at step 0", flush=True)
+    else:
+        print(f"resumed from {checkpoint} at step {step} (restart {restart_count()})", flush=True)
+    if recovery["lost_steps"] is not None:
+        source = "its fault record" if recovery["exact"] else "rank 0's progress record, so at least that many"
+        print(f"{recovery['lost_steps']} step(s) to do again: the failed attempt had finished step "
+              f"{recovery['last_step']} ({source})", flush=True)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def report_recovery(recovery: dict, resumed_step: int, step: int | None) -> None:
+    """A resumed run's METRICS line, once its first step (`step`; None when none was left) is done:
+    restart, resumed_step, lost_steps (exact) or lost_steps_at_least (from the progress record), and
+    recover_s, the seconds from the injected fault to the end of that first step."""
+    values = {"rank": 0, "step": resumed_step if step is None else step, "restart": restart_count(),
+              "resumed_step": resumed_step}
+    if recovery["lost_steps"] is not None:
+        values["lost_steps" if recovery["exact"] else "lost_steps_at_least"] = recovery["lost_steps"]
+    if recovery["fault_time"] is not None and step is not None:
+        values["recover_s"] = time.time() - recovery["fault_time"]
+    metrics(**values)
+
+
 def wrap_model(model, args, world_size, local_world_size, device, dtype, cuda):
     """Apply the chosen sharding; returns (model, shard_group_size, description)."""
     if world_size == 1:

@@ -33,14 +33,14 @@ TESTS = Path(__file__).resolve().parent
 NOTEBOOKS = sorted(REPO.glob("[0-9]_*/*.ipynb"))
 KERNEL_NAME = "workshop-fake-sagemaker-test"
 CELL_TIMEOUT_S = 900
-# Extra parameter values per notebook (folder name -> code), e.g. smaller sizes for slow labs.
+# Extra parameter values per notebook ("<folder>/<notebook stem>" -> code), e.g. smaller sizes for slow labs.
 OVERRIDES: dict[str, str] = {
     # The traffic check is local in both modes and is checked in local mode already: keep it short.
-    "2_horovod": "traffic_ranks = (2,)\ntraffic_mib = 16\n",
+    "2_horovod/horovod": "traffic_ranks = (2,)\ntraffic_mib = 16\n",
     # The fake runs one CPU process per host (2 in all), not 8 GPUs per p4d: shard over those 2,
     # with a tiny model and few steps; the grid of measurements shrinks to N = 1, 2. Both routes run:
     # the default (plain FSDP) and the opt-in SMP route, so that no cell goes unexecuted.
-    "4_model_parallel": (
+    "4_model_parallel/model_parallel": (
         'sagemaker_routes = ("fsdp", "smp")\n'
         "allow_unsupported_image = True\n"
         "smp_hybrid_shard_degree = 2\n"
@@ -48,23 +48,30 @@ OVERRIDES: dict[str, str] = {
         "world_sizes = (1, 2)\n"
     ),
 }
-# Lab-specific lines its sagemaker run must print, on top of the checks every notebook gets.
+# Lines each notebook's sagemaker run must print, on top of the checks every notebook gets.
 EXPECTED_OUTPUT: dict[str, tuple[str, ...]] = {
-    "1_parameter_server": (
+    "1_parameter_server/parameter_server": (
         "final test accuracy:", "variable shards, all on parameter-server tasks", "steps asynchronously",
         "[infra] cost: at most", "[infra] quota:", "[infra] network deleted:",  # preflight, then cleanup
     ),
-    "2_horovod": (
+    "2_horovod/horovod": (
         "pytorch Completed", "tensorflow Completed", "ranks, one set of weights",
         "[infra] cost: at most", "[infra] quota:", "[infra] network deleted:",  # preflight, then cleanup
         # Horovod built once per image by a one-host job, then installed from the wheel channel.
         "[hvd_build]", "Horovod wheel for", "[horovod] wheel for",
     ),
-    "3_data_parallel": (
+    "3_data_parallel/data_parallel": (
         "final test accuracy:", "weights digest per rank:", "ranks, one set of weights",
         "[infra] cost: at most", "[infra] quota:", "[infra] network deleted:",  # preflight, then cleanup
     ),
-    "4_model_parallel": (
+    # Two tuning jobs (world sizes 1 and 2), each trial run by the fake through the image's toolkit
+    # and the workshop's trial entry (sagemaker-python-sdk#5610), ranked by the service.
+    "3_data_parallel/job_parallelism": (
+        "CreateHyperParameterTuningJob", "the toolkit runs workshop_trial.py", "[infra] cost: at most",
+        "6 trials x 1 x ml.g5.xlarge", "6 trials x 2 x ml.g5.xlarge", "[infra] quota:",
+        "Completed; best trial", "the curves match best at a factor of 2", "[infra] network deleted:",
+    ),
+    "4_model_parallel/model_parallel": (
         "final next-character test accuracy:", "SMP route launcher:", "smdistributed-modelparallel:2.5.1-gpu-py311-cu124",
         "pytorch:2.13-cu133-amzn2023-sagemaker", "plain PyTorch applies the same SMP settings",
         "[infra] cost: at most $1.41 = 2 x ml.g5.xlarge",  # the default route: a few dollars at most
@@ -104,10 +111,10 @@ def _code(source: str, tag: str) -> nbformat.NotebookNode:
     return cell
 
 
-def _prepare(nb: nbformat.NotebookNode, folder: str) -> nbformat.NotebookNode:
+def _prepare(nb: nbformat.NotebookNode, key: str) -> nbformat.NotebookNode:
     """The notebook with the fake started first and `mode = "sagemaker"` after its parameters."""
     tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
-    assert len(tagged) == 1, f"{folder}: expected one cell tagged 'parameters', found {len(tagged)}"
+    assert len(tagged) == 1, f"{key}: expected one cell tagged 'parameters', found {len(tagged)}"
     start = _code(
         "import sys\n"
         f"sys.path.insert(0, {str(TESTS)!r})\n"
@@ -116,7 +123,7 @@ def _prepare(nb: nbformat.NotebookNode, folder: str) -> nbformat.NotebookNode:
         f"print({PYTHON_MARK!r} + sys.executable)\n",
         "injected-fake-sagemaker",
     )
-    params = _code('mode = "sagemaker"\n' + OVERRIDES.get(folder, ""), "injected-parameters")
+    params = _code('mode = "sagemaker"\n' + OVERRIDES.get(key, ""), "injected-parameters")
     summary = _code(
         "import json\n"
         f"print({SUMMARY_MARK!r} + json.dumps(fake_sagemaker.active().summary()))\n"
@@ -141,11 +148,12 @@ def _stream_text(nb: nbformat.NotebookNode) -> str:
 
 
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.parent.name for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[f"{p.parent.name}/{p.stem}" for p in NOTEBOOKS])
 def test_notebook_runs_in_sagemaker_mode(path: Path, kernel_name: str, tmp_path: Path) -> None:
     from nbclient import NotebookClient
 
-    nb = _prepare(nbformat.read(path, as_version=4), path.parent.name)
+    key = f"{path.parent.name}/{path.stem}"
+    nb = _prepare(nbformat.read(path, as_version=4), key)
     artifacts = path.parent / "artifacts"
     artifacts_before = set(artifacts.iterdir()) if artifacts.is_dir() else set()
     client = NotebookClient(
@@ -178,11 +186,14 @@ def test_notebook_runs_in_sagemaker_mode(path: Path, kernel_name: str, tmp_path:
         assert job["status"] == "Completed", f"job {name}: {job['status']}: {job['failure_reason']}"
         assert job["hosts"] >= 1 and sum(job["log_lines"].values()) > 0, job
         assert job["model_artifact"], job
+        if job.get("tuning_job"):  # a trial: the workshop followed its tuning job, and listed the trial
+            assert f"tuning job {job['tuning_job']}: Completed" in text
+            continue
         # The workshop followed the job to its end and said so, with its console URL.
         assert f"[sagemaker] job {name} Completed" in text
         assert f"#/jobs/{name}" in text
     assert re.search(r"accuracy[^\n]*\d\.\d+", text, re.IGNORECASE), "no accuracy line in the outputs"
-    for expected in EXPECTED_OUTPUT.get(path.parent.name, ()):
+    for expected in EXPECTED_OUTPUT.get(key, ()):
         assert expected in text, f"{expected!r} is missing from the outputs"
     if "download_model(" in "".join(c.source for c in nb.cells):  # the model the job wrote came from S3
         assert any(f"Model from {job['model_artifact']}" in text for job in jobs)

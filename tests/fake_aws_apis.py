@@ -53,9 +53,31 @@ session made it, is covered, and a `ThreadedMotoServer` too:
   is a `ValidationException` "Requested resource not found." (what the service answers for
   training jobs; its API reference lists `ResourceNotFound`, so callers should accept both).
 
-`on_stop`: None by default; `tests/fake_sagemaker.py` can set it to a callable(job_name) that
-really stops a job it is running. `set_training_job_status()` moves a moto job to another status
-(moto completes every job at once, so a test that needs a running job sets `InProgress`).
+- **SageMaker `ListTrainingJobsForHyperParameterTuningJob`** (`SageMakerResponse`). The training
+  jobs of a tuning job are moto's training jobs that `link_trial()` tied to it (DescribeTrainingJob
+  then says `TuningJobArn`); each is summarised (`trial_summary()`) from moto's own objects:
+  `TrainingJobName`, `TrainingJobArn`, `TuningJobName`, `CreationTime`, `TrainingStartTime`,
+  `TrainingEndTime` (once ended), `TrainingJobStatus`, `TunedHyperParameters` (the job's values of
+  the tuning job's ParameterRanges), `FailureReason` (if any),
+  `FinalHyperParameterTuningJobObjectiveMetric` (the job's FinalMetricDataList value of the
+  objective metric, with the objective's Type) and `ObjectiveStatus` (Pending while it runs;
+  Succeeded once Completed or Stopped with the metric; Failed otherwise). As documented:
+  `StatusEquals` filters, `SortBy` Name (default), CreationTime, Status or
+  FinalObjectiveMetricValue (which leaves out the jobs without the metric), `SortOrder` Ascending
+  (default) or Descending, `MaxResults` 1-100 (default 10) with `NextToken`. An unknown tuning job
+  is `ResourceNotFound` (moto's DescribeHyperParameterTuningJob answer).
+
+- **SageMaker `StopHyperParameterTuningJob`** (`SageMakerResponse`). An `InProgress` tuning job
+  becomes `Stopping`, and each of its `InProgress` training jobs is stopped as StopTrainingJob
+  stops one (through `on_stop`); the tuning job is `Stopped` once none of them runs any more,
+  unless whoever launches its training jobs (`tests/fake_sagemaker.py` sets the moto object's
+  `launching` while it does) ends it. Any other status: `ValidationException` "The request was
+  rejected because the tuning job is in status Completed." (StopTrainingJob's wording).
+
+`on_stop`: None by default; `tests/fake_sagemaker.py` sets it to a callable(job_name) that
+really stops a job it is running (and returns True: the job is then left `Stopping` for the fake
+to end). `set_training_job_status()` moves a moto job to another status (moto completes every job
+at once, so a test that needs a running job sets `InProgress`).
 """
 
 from __future__ import annotations
@@ -76,13 +98,19 @@ __all__ = [
     "evaluate",
     "install",
     "installed",
+    "link_trial",
     "on_stop",
     "set_training_job_status",
     "simulate",
+    "trial_summary",
+    "tuned_names",
+    "tuning_trials",
     "uninstall",
 ]
 
-# Called with the job name by StopTrainingJob, after the job is marked Stopping (None: no hook).
+# Called with the job name by StopTrainingJob (and for each running trial by
+# StopHyperParameterTuningJob), after the job is marked Stopping (None: no hook). A hook that
+# returns True has started the stop and ends the job itself; otherwise the job is then Stopped.
 on_stop: Callable[[str], Any] | None = None
 
 _lock = threading.Lock()
@@ -700,12 +728,147 @@ def _stop_training_job(self: Any) -> Any:
         raise ValidationError(
             message=f"The request was rejected because the training job is in status {job.training_job_status}."
         )
+    _stop_running_training_job(job)
+    return EmptyResult()
+
+
+def _stop_running_training_job(job: Any) -> bool:
+    """InProgress -> Stopping, the `on_stop` hook, then Stopped unless the hook moved the job on or
+    answered True (the stop is under way: whoever runs the job ends it). True when still Stopping."""
     _transition(job, "Stopping")
     hook = on_stop
-    if hook is not None:
-        hook(name)
-    if job.training_job_status == "Stopping":
+    under_way = hook(job.training_job_name) is True if hook is not None else False
+    if job.training_job_status == "Stopping" and not under_way:
         _transition(job, "Stopped")
+    return job.training_job_status == "Stopping"
+
+
+# --------------------------------------------------------------------------- SageMaker tuning jobs
+
+_TUNING_RANGE_KEYS = ("IntegerParameterRanges", "ContinuousParameterRanges", "CategoricalParameterRanges")
+
+
+def link_trial(trial: Any, tuning_job: Any) -> None:
+    """Make moto's training job `trial` one of `tuning_job`'s training jobs (DescribeTrainingJob
+    then says `TuningJobArn`, and the tuning APIs below list it)."""
+    trial.tuning_job_arn = tuning_job.arn
+
+
+def tuning_trials(backend: Any, tuning_job: Any) -> list[Any]:
+    """The training jobs a tuning job launched, oldest first."""
+    trials = [j for j in backend.training_jobs.values() if getattr(j, "tuning_job_arn", None) == tuning_job.arn]
+    return sorted(trials, key=lambda j: (j.creation_time, j.training_job_name))
+
+
+def tuned_names(tuning_job: Any) -> list[str]:
+    ranges = (tuning_job.hyper_parameter_tuning_job_config or {}).get("ParameterRanges") or {}
+    return [r["Name"] for key in _TUNING_RANGE_KEYS for r in ranges.get(key) or []]
+
+
+def trial_summary(trial: Any, tuning_job: Any) -> dict[str, Any]:
+    """A HyperParameterTrainingJobSummary of `trial`, from what moto's objects hold: its status and
+    times, its values of the tuned hyperparameters, and its final value of the tuning objective
+    (FinalMetricDataList), with ObjectiveStatus Pending while it runs, Succeeded when it ended
+    (Completed, or Stopped) having reported the objective, Failed otherwise."""
+    objective = (tuning_job.hyper_parameter_tuning_job_config or {}).get("HyperParameterTuningJobObjective") or {}
+    status = trial.training_job_status
+    summary: dict[str, Any] = {
+        "TrainingJobName": trial.training_job_name,
+        "TrainingJobArn": trial.arn,
+        "TuningJobName": tuning_job.hyper_parameter_tuning_job_name,
+        "CreationTime": trial.creation_time,
+        "TrainingStartTime": getattr(trial, "training_start_time", None),
+        "TrainingJobStatus": status,
+        "TunedHyperParameters": {k: trial.hyper_parameters[k] for k in tuned_names(tuning_job)
+                                 if k in (trial.hyper_parameters or {})},
+    }
+    if status in ("Completed", "Failed", "Stopped") and getattr(trial, "training_end_time", None):
+        summary["TrainingEndTime"] = trial.training_end_time
+    reason = getattr(trial, "failure_reason", None)
+    if reason:
+        summary["FailureReason"] = reason
+    value = next((m["Value"] for m in getattr(trial, "final_metric_data_list", None) or []
+                  if objective and m.get("MetricName") == objective.get("MetricName")), None)
+    if value is not None:
+        summary["FinalHyperParameterTuningJobObjectiveMetric"] = {
+            "Type": objective["Type"], "MetricName": objective["MetricName"], "Value": float(value)}
+    if status in ("InProgress", "Stopping"):
+        summary["ObjectiveStatus"] = "Pending"
+    else:
+        summary["ObjectiveStatus"] = "Succeeded" if value is not None and status in ("Completed", "Stopped") else "Failed"
+    return {k: v for k, v in summary.items() if v is not None}
+
+
+def _tuning_job(backend: Any, name: str) -> Any:
+    from moto.sagemaker.exceptions import ResourceNotFound
+
+    job = backend.hyper_parameter_tuning_jobs.get(name)
+    if job is None:  # moto's own answer for DescribeHyperParameterTuningJob
+        raise ResourceNotFound(message=f"Could not find hyper parameter tuning job '{name}'.")
+    return job
+
+
+_TRIAL_SORT_KEYS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "Name": lambda s: s["TrainingJobName"],
+    "CreationTime": lambda s: (s["CreationTime"], s["TrainingJobName"]),
+    "Status": lambda s: (s["TrainingJobStatus"], s["TrainingJobName"]),
+    "FinalObjectiveMetricValue": lambda s: (s["FinalHyperParameterTuningJobObjectiveMetric"]["Value"], s["TrainingJobName"]),
+}
+
+
+def _list_training_jobs_for_hyper_parameter_tuning_job(self: Any) -> Any:
+    from moto.core.responses import ActionResult
+    from moto.sagemaker.exceptions import ValidationError
+
+    tuning_job = _tuning_job(self.sagemaker_backend, self._get_param("HyperParameterTuningJobName"))
+    summaries = [trial_summary(t, tuning_job) for t in tuning_trials(self.sagemaker_backend, tuning_job)]
+    status = self._get_param("StatusEquals")
+    if status:
+        summaries = [s for s in summaries if s["TrainingJobStatus"] == status]
+    sort_by = self._get_param("SortBy") or "Name"
+    sort_order = self._get_param("SortOrder") or "Ascending"
+    if sort_by not in _TRIAL_SORT_KEYS or sort_order not in ("Ascending", "Descending"):
+        raise ValidationError(message=f"Invalid SortBy {sort_by!r} or SortOrder {sort_order!r}.")
+    if sort_by == "FinalObjectiveMetricValue":  # "any training jobs that did not return an objective metric are not listed"
+        summaries = [s for s in summaries if "FinalHyperParameterTuningJobObjectiveMetric" in s]
+    summaries.sort(key=_TRIAL_SORT_KEYS[sort_by], reverse=sort_order == "Descending")
+    max_results = int(self._get_param("MaxResults") or 10)  # the documented default
+    if not 1 <= max_results <= 100:
+        raise ValidationError(message=f"1 validation error detected: Value '{max_results}' at 'maxResults' failed to "
+                                      "satisfy constraint: Member must have value between 1 and 100")
+    token = self._get_param("NextToken")
+    start = 0
+    if token:
+        if not str(token).isdigit() or int(token) > len(summaries):
+            raise ValidationError(message="Invalid pagination token.")
+        start = int(token)
+    page = summaries[start : start + max_results]
+    out: dict[str, Any] = {"TrainingJobSummaries": page}
+    if start + max_results < len(summaries):
+        out["NextToken"] = str(start + max_results)
+    return ActionResult(out)
+
+
+def _stop_hyper_parameter_tuning_job(self: Any) -> Any:
+    from moto.core.responses import EmptyResult
+    from moto.sagemaker.exceptions import ValidationError
+
+    tuning_job = _tuning_job(self.sagemaker_backend, self._get_param("HyperParameterTuningJobName"))
+    status = tuning_job.hyper_parameter_tuning_job_status
+    if status != "InProgress":
+        raise ValidationError(message=f"The request was rejected because the tuning job is in status {status}.")
+    now = _now()
+    tuning_job.hyper_parameter_tuning_job_status = "Stopping"
+    tuning_job.last_modified_time = now
+    still_stopping = False
+    for trial in tuning_trials(self.sagemaker_backend, tuning_job):
+        if trial.training_job_status == "InProgress":
+            still_stopping |= _stop_running_training_job(trial)
+    if not still_stopping and not getattr(tuning_job, "launching", False):
+        # Nothing of it runs any more, and nobody launches its trials: it has stopped. (Whoever runs
+        # its trials, tests/fake_sagemaker.py, ends a tuning job it runs itself.)
+        tuning_job.hyper_parameter_tuning_job_status = "Stopped"
+        tuning_job.hyper_parameter_tuning_end_time = tuning_job.last_modified_time = _now()
     return EmptyResult()
 
 
@@ -720,6 +883,9 @@ def _patches() -> list[tuple[type, str, Callable[..., Any]]]:
         (IamResponse, "simulate_principal_policy", _simulate_principal_policy),
         (IamResponse, "simulate_custom_policy", _simulate_custom_policy),
         (SageMakerResponse, "stop_training_job", _stop_training_job),
+        (SageMakerResponse, "list_training_jobs_for_hyper_parameter_tuning_job",
+         _list_training_jobs_for_hyper_parameter_tuning_job),
+        (SageMakerResponse, "stop_hyper_parameter_tuning_job", _stop_hyper_parameter_tuning_job),
     ]
 
 

@@ -7,9 +7,11 @@
 
 moto (5.2.5) accepts CreateTrainingJob but marks every job Completed at once, with no logs,
 no model and a made-up metric, so code that follows a job to its end (reads its CloudWatch
-logs, downloads `model.tar.gz`, checks its metrics) has nothing to read. This module starts
-moto's `mock_aws()` in the current process and makes each CreateTrainingJob *execute* the job
-it was given, on `workshop.runtime.local_cluster.LocalCluster`, from what the SDK uploaded:
+logs, downloads `model.tar.gz`, checks its metrics) has nothing to read; it marks every
+CreateHyperParameterTuningJob Completed at once too, with a made-up best training job. This
+module starts moto's `mock_aws()` in the current process and makes each CreateTrainingJob
+*execute* the job it was given, on `workshop.runtime.local_cluster.LocalCluster`, from what the
+SDK uploaded, and each CreateHyperParameterTuningJob run its training jobs (6. below):
 
 1. **The hook.** moto's SageMaker response handler for CreateTrainingJob
    (`moto.sagemaker.responses.SageMakerResponse.create_training_job`) is wrapped, so every
@@ -19,6 +21,7 @@ it was given, on `workshop.runtime.local_cluster.LocalCluster`, from what the SD
    (including `Environment`, which moto's backend drops), lets moto record the job, then
    runs the job synchronously inside the call, so the job is finished by the time
    `CreateTrainingJob` returns and `DescribeTrainingJob` says Completed, Failed or Stopped.
+   `create_hyper_parameter_tuning_job` is wrapped the same way (6.).
 2. **S3 in.** Every input channel is downloaded from moto S3 (`S3Prefix`, `File`/`FastFile`,
    `FullyReplicated`): `code` (SDK 3.27 uploads the `source_dir` file by file, not as a
    tarball, under `<base job name>/<job>/input/code/`; a `.tar.gz` source_dir is unpacked as
@@ -44,10 +47,46 @@ it was given, on `workshop.runtime.local_cluster.LocalCluster`, from what the SD
    back after it. `MaxRuntimeInSeconds` is the run's time limit. Where Linux does not allow
    unprivileged namespaces the local cluster's process runtime runs instead (the driver
    directly, master on 127.0.0.1, no network isolation) and `JobRun.runtime` says so.
+3b. **The framework toolkit, when there is no ContainerEntrypoint** (`JobRun.launch` "toolkit").
+   A request without `ContainerEntrypoint` whose HyperParameters carry `sagemaker_program` (what
+   SDK 3.27's `HyperparameterTuner` sends: the tuning API has no ContainerEntrypoint) runs what
+   SageMaker's PyTorch and TensorFlow training images run then: their entrypoint's
+   `sagemaker-training` toolkit with the image's SAGEMAKER_TRAINING_MODULE
+   (`sagemaker_pytorch_container.training:main`, `sagemaker_tensorflow_container.training:main`;
+   `TOOLKIT_IMAGES`; any other image fails the job, saying the fake does not know what it would
+   run). `toolkit_main` emulates it on every host, from the toolkits' code: the
+   `sagemaker_submit_directory` tarball (downloaded from moto S3 by the fake) extracted to
+   `/opt/ml/code`; `/opt/ml/input/data/<channel>` and `inputdataconfig.json` for exactly the
+   request's channels (`sm_drivers` if it has one; no `code` channel: one in the request fails
+   the job, not simulated); the hyperparameters JSON-decoded, those named `sagemaker_*` and the
+   toolkit's reserved ones (`_tuning_objective_metric`, ...) kept out of the script's
+   arguments; the toolkit's environment (`SM_HOSTS`, `SM_CURRENT_HOST`, `SM_NUM_CPUS` (the
+   simulated host's cores), `SM_NUM_GPUS` (`nvidia-smi --list-gpus`), `SM_MODEL_DIR`,
+   `SM_CHANNELS`, `SM_CHANNEL_<NAME>`, `SM_HPS`, `SM_HP_<KEY>`, `SM_USER_ARGS`,
+   `SM_TRAINING_ENV`, `SM_OUTPUT_DATA_DIR`, `SM_MODULE_DIR`, `SM_FRAMEWORK_PARAMS`, ... as
+   `to_env_vars()` builds them; `CURRENT_HOST`, `SAGEMAKER_REGION`, `PYTHONPATH`), plus the
+   framework's own: PyTorch `MASTER_ADDR` (the first host), `MASTER_PORT=7777`, `NCCL_*`,
+   `SM_DLC_TORCH_VERSION`; TensorFlow `S3_REGION`, `TF_CPP_MIN_LOG_LEVEL`, and in a tuning
+   job's training jobs `--model_dir <model_dir hyperparameter>/<job>/model` (`None/<job>/model`
+   without one, as the TensorFlow toolkit does). Not the local cluster's additions the image
+   would not have: `SM_CHECKPOINT_DIR` only if the request's Environment sets it. Then, each
+   host resolves every `algo-N`, installs requirements.txt if present, logs "Invoking script
+   with the following command:" and runs ONE process, `/bin/sh -c "python <program> --key value
+   ..."` (sorted keys, values as Python prints them) in /opt/ml/code: no torchrun, no RANK or
+   WORLD_SIZE, so a script that reads its world from a launcher is a world of one on every
+   host (sagemaker-python-sdk issue #5610). A non-zero exit writes the toolkit's failure file
+   (`ExecuteUserScriptError:\nExitCode N\nErrorMessage "<output from the first line naming an
+   exception>"\nCommand "..."`), which becomes `FailureReason`. Not simulated: the toolkits'
+   distributed runners (a `sagemaker_*_enabled` distribution hyperparameter fails the job),
+   a source with `setup.py` (installed as a package), code already in the image (no
+   `sagemaker_submit_directory`). This path needs the container runtime (each host its own
+   `/opt/ml`); without it the job fails saying so.
 4. **IAM as the SDK meets it.** The SDK's role validation stays on (`SAGEMAKER_VALIDATE_ROLE`
    unset): `tests/fake_aws_apis.py` answers `iam:SimulatePrincipalPolicy` from the role's
    policy documents, and the fake's role carries the workshop's own least-privilege policy
-   (`workshop.account.role_policy`). `StopTrainingJob` exists (`fake_aws_apis`).
+   (`workshop.account.role_policy`). `StopTrainingJob` exists (`fake_aws_apis`): for a job this
+   fake is running (from another thread: CreateTrainingJob blocks its caller), its hosts get
+   SIGTERM and it ends `Stopped`, its model saved as SageMaker saves it.
 5. **Logs, metrics, model out.** Each host's lines go to CloudWatch Logs group
    `/aws/sagemaker/TrainingJobs`, stream `<job>/algo-N-<epoch seconds>`, as a real job shows
    them: without the local cluster's `[host/rank]` prefix and without torchrun's
@@ -57,6 +96,42 @@ it was given, on `workshop.runtime.local_cluster.LocalCluster`, from what the SD
    `Completed`; `Failed` with `FailureReason` (`AlgorithmError: ` and the driver's failure
    file, else the local cluster's report) when the run fails; `Stopped`
    (`MaxRuntimeExceeded`) past its time limit.
+6. **Tuning jobs** (`fake.tuning_jobs`: a `TuningRun` each, its trials' `JobRun`s in `trials`).
+   CreateHyperParameterTuningJob is checked first as the service checks it
+   (`validate_tuning_request`: the name's length and pattern; the strategy; ResourceLimits'
+   ranges; an objective among the definition's MetricDefinitions, in the service's words; ranges
+   that are well formed, unique, at most 30, none also static; Grid only over categorical
+   ranges, MaxNumberOfTrainingJobs absent or equal to the grid's size; other strategies need
+   at least MaxNumberOfTrainingJobs combinations, in the service's words), each failure a
+   `ValidationException` before anything is recorded or run; what the fake does not simulate
+   is refused the same way, saying so (TrainingJobDefinitions, WarmStartConfig, Autotune,
+   AutoParameters, TuningJobCompletionCriteria, AlgorithmName,
+   HyperParameterTuningResourceConfig; Random and Bayesian without MaxNumberOfTrainingJobs).
+   Then, inside the call, its training jobs run one after another (`tuning_trial_values`):
+   Grid, every combination of the categorical values (the first range varying slowest); Random,
+   MaxNumberOfTrainingJobs draws, each range on its ScalingType (Auto as Linear), seeded by
+   RandomSeed; Bayesian and Hyperband are drawn as Random (no model of earlier results, no
+   early stopping; TrainingJobEarlyStoppingType Auto never stops a job). Each is a real
+   training job named `<tuning job>-<NNN>-<8 hex>`, created in moto's backend (so
+   DescribeTrainingJob, ListTrainingJobs and its logs work as for any job; it says
+   `TuningJobArn`) with the definition's AlgorithmSpecification, channels, output, resources,
+   stopping condition, checkpoints, Environment, VPC and network isolation, the tuning job's
+   tags, and as HyperParameters the static ones, the trial's values (text) and, as the service
+   adds it, `_tuning_objective_metric` (also shown in the description's
+   StaticHyperParameters); it runs as 1.-5. (so with no ContainerEntrypoint: 3b). Its
+   objective is its final value of the objective metric (5.); without one, its ObjectiveStatus
+   is Failed. moto's made-up results are replaced by what ran: status `InProgress` while
+   trials run, then `Completed`, `Failed` ("No training job succeeded after N attempts. ...", the
+   service's words; it also stops launching after 5 failures without a success; or "No
+   objective metrics found after running N training jobs. ..." when none reported the
+   objective) or `Stopped`; TrainingJobStatusCounters (a failure of the fake itself counts
+   as RetryableError), ObjectiveStatusCounters, BestTrainingJob (the best objective for the
+   objective's Type, the first of equals; no OverallBestTrainingJob, which is for warm starts),
+   ConsumedResources.RuntimeInSeconds (wall clock), the end time. ResourceLimits'
+   MaxRuntimeInSeconds: no training job starts after it has passed (a running one keeps its own
+   limit). `fake_aws_apis` adds ListTrainingJobsForHyperParameterTuningJob and
+   StopHyperParameterTuningJob (which stops the running trial as StopTrainingJob does, after
+   which no other starts).
 
 What it does **not** simulate: the image itself (`TrainingImage` is recorded, never pulled:
 the job runs in this Python environment, and `JobRun.image_framework` says whether the image's
@@ -65,26 +140,35 @@ never taken), IAM permissions of the job itself (the role is validated as the SD
 job's own S3 and log access is not checked against it), KMS, spot, warm pools, retries,
 instance groups, Pipe mode, sharded or manifest channels, `SourceCode.command`, uncompressed
 model output, CloudWatch metrics (only the final values in DescribeTrainingJob), the
-InProgress phase (the job has ended before CreateTrainingJob returns), and billing. Nothing
-leaves this process's AWS calls: moto intercepts every one of them. tests/README.md has the
-whole list of what CI proves and what it does not.
+InProgress phase (the job, or the tuning job, has ended before its Create call returns; a
+caller sees InProgress only from another thread), tuning jobs' trials at once
+(MaxParallelTrainingJobs is validated and reported, but trials never overlap: the simulated
+hosts share this machine's cores), Bayesian and Hyperband search, early stopping, and billing.
+Nothing leaves this process's AWS calls: moto intercepts every one of them. tests/README.md has
+the whole list of what CI proves and what it does not.
 """
 
 from __future__ import annotations
 
 import atexit
+import builtins
 import contextlib
 import copy
 import io
 import json
+import math
 import os
+import random
 import re
+import shlex
 import shutil
+import sys
 import tarfile
 import tempfile
 import threading
 import time
 import traceback
+import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -99,6 +183,23 @@ RESERVED_CHANNELS = ("code", "sm_drivers")
 DEFAULT_START_SKEW_S = 2.0
 FAILURE_REASON_MAX = 1024  # DescribeTrainingJob's FailureReason is at most 1024 characters
 _LOG_BATCH = 1000  # events per PutLogEvents call (CloudWatch allows 10,000 and 1 MB)
+_TESTS_DIR = Path(__file__).resolve().parent  # the hosts import this module from here (the toolkit)
+# Framework training images (repository -> framework), and the toolkit module each image names in
+# SAGEMAKER_TRAINING_MODULE (aws/deep-learning-containers: the PyTorch images' "sagemaker" stage,
+# the TensorFlow training images).
+TOOLKIT_IMAGES = {
+    "pytorch-training": ("pytorch", "sagemaker_pytorch_container.training:main"),
+    "pytorch": ("pytorch", "sagemaker_pytorch_container.training:main"),
+    "smdistributed-modelparallel": ("pytorch", "sagemaker_pytorch_container.training:main"),
+    "tensorflow-training": ("tensorflow", "sagemaker_tensorflow_container.training:main"),
+}
+# Hyperparameters with which the framework toolkits run a launcher instead of the plain script
+# (sagemaker_training.environment, sagemaker_pytorch_container.training, sagemaker_tensorflow_container.training).
+TOOLKIT_DISTRIBUTION_HYPERPARAMETERS = (
+    "sagemaker_mpi_enabled", "sagemaker_parameter_server_enabled", "sagemaker_distributed_dataparallel_enabled",
+    "sagemaker_pytorch_ddp_enabled", "sagemaker_torch_distributed_enabled", "sagemaker_pytorch_xla_multi_worker_enabled",
+    "sagemaker_multi_worker_mirrored_strategy_enabled",
+)
 _ISOLATE_PREFIXES = ("AWS_ENDPOINT_URL", "AWS_CONTAINER_")
 _ISOLATE_KEYS = (
     "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ROLE_ARN",
@@ -112,14 +213,18 @@ def _say(message: str) -> None:
 
 @dataclass
 class JobRun:
-    """What the fake did with one CreateTrainingJob."""
+    """What the fake did with one training job: a CreateTrainingJob, or a tuning job's trial."""
 
     name: str
     status: str = "InProgress"
     failure_reason: str | None = None
     hosts: int = 0
     procs_per_host: int = 0
+    # What each host ran: the uploaded sm_train.sh's driver ("distributed_drivers/torchrun_driver.py"),
+    # or the framework toolkit ("sagemaker-training toolkit (sagemaker_pytorch_container.training:main): train.py")
     driver: str = ""
+    launch: str = ""  # "sm_train.sh" (the request's ContainerEntrypoint) or "toolkit" (sagemaker_program)
+    tuning_job: str | None = None  # the tuning job that launched it, if any
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     log_lines: dict[str, int] = field(default_factory=dict)  # host -> lines sent to CloudWatch
     final_metrics: dict[str, float] = field(default_factory=dict)
@@ -130,6 +235,23 @@ class JobRun:
     # "pytorch 2.13 (image) = 2.13.0 (here)" or "... != ...: not verified here"
     image_framework: str = ""
     runtime: str = ""  # the local cluster's runtime: "container" (sm_train.sh, algo-N) or "process"
+
+
+@dataclass
+class TuningRun:
+    """What the fake did with one CreateHyperParameterTuningJob: its trials, one after another."""
+
+    name: str
+    strategy: str = ""
+    strategy_run: str = ""  # how the trials were chosen here ("Grid", "Random"; Bayesian/Hyperband: "Random")
+    objective: dict[str, str] = field(default_factory=dict)  # {"Type": ..., "MetricName": ...}
+    max_parallel: int = 0  # MaxParallelTrainingJobs: validated and reported; trials never overlap here
+    planned: list[dict[str, str]] = field(default_factory=list)  # each trial's tuned values, in order
+    trials: list[JobRun] = field(default_factory=list)  # the trials that ran, in order
+    status: str = "InProgress"
+    failure_reason: str | None = None
+    best_training_job: str | None = None
+    wall_time_s: float = 0.0
 
 
 class _JobError(Exception):
@@ -157,6 +279,23 @@ class _UploadedDriver:
 
     def model_dump(self) -> dict[str, Any]:
         return copy.deepcopy(self.config)
+
+
+@dataclass
+class _Launch:
+    """How the local cluster runs one job: the sm_train.sh path or the framework toolkit path."""
+
+    kind: str  # "sm_train.sh" or "toolkit"
+    source_dir: Path  # copied to each host's /opt/ml/input/data/code
+    entry_script: str
+    procs: int
+    distributed: Any
+    sm_drivers_dir: Path | None
+    command: list[str]  # each host's container command
+    hyperparameters: dict[str, Any]  # hyperparameters.json
+    runtime: str  # the local cluster's runtime ("auto", or "container" where nothing else will do)
+    driver: str
+    described: str
 
 
 def safe_deserialize(value: Any) -> Any:
@@ -200,11 +339,13 @@ class FakeSageMaker:
         self.keep_runs = keep_runs
         self.root: Path | None = None
         self.role_arn: str | None = None
-        self.jobs: list[JobRun] = []
+        self.jobs: list[JobRun] = []  # every training job it ran, tuning jobs' trials included
+        self.tuning_jobs: list[TuningRun] = []
         self._mock: Any = None
         self._saved_env: dict[str, str | None] = {}
-        self._original_handler: Any = None
+        self._original_handlers: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._stop_requests: dict[str, threading.Event] = {}  # running job -> set by StopTrainingJob
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -248,7 +389,7 @@ class FakeSageMaker:
             import fake_aws_apis
 
             fake_aws_apis.install()
-            fake_aws_apis.on_stop = None
+            fake_aws_apis.on_stop = self._stop_hook  # StopTrainingJob / StopHyperParameterTuningJob
             self.role_arn = self._create_role(boto3.Session(region_name=self.region))
             self._setenv("WORKSHOP_ROLE_ARN", self.role_arn)
             self._install_hook()
@@ -290,6 +431,7 @@ class FakeSageMaker:
         with contextlib.suppress(Exception):
             import fake_aws_apis
 
+            fake_aws_apis.on_stop = None
             fake_aws_apis.uninstall()
         with contextlib.suppress(Exception):
             self._mock.stop()
@@ -306,6 +448,10 @@ class FakeSageMaker:
     def summary(self) -> list[dict[str, Any]]:
         """The jobs run so far, as plain data."""
         return [asdict(job) for job in self.jobs]
+
+    def tuning_summary(self) -> list[dict[str, Any]]:
+        """The tuning jobs run so far, with their trials, as plain data."""
+        return [asdict(tuning) for tuning in self.tuning_jobs]
 
     def _setenv(self, key: str, value: str | None) -> None:
         self._saved_env.setdefault(key, os.environ.get(key))
@@ -343,25 +489,51 @@ class FakeSageMaker:
             fake._execute(job, request, response.region)
             return result
 
-        self._original_handler = original
+        original_tuning = SageMakerResponse.__dict__["create_hyper_parameter_tuning_job"]
+
+        def create_hyper_parameter_tuning_job(response: Any) -> Any:
+            keys = ("HyperParameterTuningJobName", "HyperParameterTuningJobConfig", "TrainingJobDefinition",
+                    "TrainingJobDefinitions", "WarmStartConfig", "Tags", "Autotune")
+            request = {key: copy.deepcopy(response._get_param(key)) for key in keys}
+            validate_tuning_request(request)  # ValidationException, as the service answers: nothing recorded
+            result = original_tuning(response)
+            fake._run_tuning(response.sagemaker_backend, request, response.region)
+            return result
+
+        self._original_handlers = {"create_training_job": original,
+                                   "create_hyper_parameter_tuning_job": original_tuning}
         SageMakerResponse.create_training_job = create_training_job
+        SageMakerResponse.create_hyper_parameter_tuning_job = create_hyper_parameter_tuning_job
 
     def _remove_hook(self) -> None:
-        if self._original_handler is not None:
+        if self._original_handlers:
             from moto.sagemaker.responses import SageMakerResponse
 
-            SageMakerResponse.create_training_job = self._original_handler
-            self._original_handler = None
+            for name, handler in self._original_handlers.items():
+                setattr(SageMakerResponse, name, handler)
+            self._original_handlers = {}
+
+    def _stop_hook(self, name: str) -> bool | None:
+        """fake_aws_apis.on_stop: StopTrainingJob (or StopHyperParameterTuningJob) for a job this fake
+        is running. Its hosts get SIGTERM (as SageMaker sends the algorithm SIGTERM) and the job
+        ends Stopped, its model saved if it wrote one; True tells fake_aws_apis the stop is under way."""
+        event = self._stop_requests.get(name)
+        if event is None:
+            return None  # not running here: fake_aws_apis marks it Stopped
+        event.set()
+        return True
 
     # ------------------------------------------------------------------ one job
 
-    def _execute(self, job: Any, request: dict[str, Any], region: str) -> None:
-        """Run one job to its end and record the outcome on moto's job object."""
+    def _execute(self, job: Any, request: dict[str, Any], region: str, *, tuning_job: str | None = None) -> JobRun:
+        """Run one training job (a CreateTrainingJob, or a tuning job's trial) to its end and record
+        the outcome on moto's job object."""
         import boto3
 
         name = request["TrainingJobName"]
-        run = JobRun(name=name, workdir=str(self.root / name))
+        run = JobRun(name=name, workdir=str(self.root / name), tuning_job=tuning_job)
         self.jobs.append(run)
+        stop = self._stop_requests[name] = threading.Event()
         boto = boto3.Session(region_name=region)
         started = _now()
         transitions = [{"Status": "Starting", "StartTime": started, "StatusMessage": "Launching the simulated hosts"}]
@@ -375,19 +547,29 @@ class FakeSageMaker:
         job.failure_reason = None
         status, secondary, reason = "Failed", "Failed", None
         t0 = time.monotonic()
-        with self._lock:  # one job at a time: the simulated hosts share this machine's cores
-            try:
-                status, secondary, reason = self._run(job, request, run, boto, transitions)
-            except _JobError as exc:
-                reason = exc.reason
-            except KeyboardInterrupt:
-                status, secondary, reason = "Stopped", "Stopped", "Interrupted while the fake ran the job."
-                self._finish(job, run, started, transitions, status, secondary, reason, t0)
-                raise
-            except Exception as exc:  # a bug in the fake: say so, as a failed job
-                traceback.print_exc()
-                reason = f"InternalServerError: fake_sagemaker failed to run the job: {type(exc).__name__}: {exc}"
-        self._finish(job, run, started, transitions, status, secondary, reason, t0)
+        try:
+            with self._lock:  # one job at a time: the simulated hosts share this machine's cores
+                try:
+                    if stop.is_set():
+                        raise _JobError("")  # stopped before it started: ends Stopped below
+                    status, secondary, reason = self._run(job, request, run, boto, transitions, stop)
+                except _JobError as exc:
+                    reason = exc.reason
+                except KeyboardInterrupt:
+                    status, secondary, reason = "Stopped", "Stopped", "Interrupted while the fake ran the job."
+                    self._finish(job, run, started, transitions, status, secondary, reason, t0)
+                    raise
+                except Exception as exc:  # a bug in the fake: say so, as a failed job
+                    traceback.print_exc()
+                    reason = f"InternalServerError: fake_sagemaker failed to run the job: {type(exc).__name__}: {exc}"
+                if stop.is_set():  # StopTrainingJob: whatever the run made of its SIGTERM
+                    transitions[-1].setdefault("EndTime", _now())
+                    transitions.append({"Status": "Stopping", "StartTime": _now(), "StatusMessage": "Stopping the training job"})
+                    status, secondary, reason = "Stopped", "Stopped", None
+            self._finish(job, run, started, transitions, status, secondary, reason, t0)
+        finally:
+            self._stop_requests.pop(name, None)
+        return run
 
     def _finish(self, job, run, started, transitions, status, secondary, reason, t0) -> None:
         ended = _now()
@@ -405,7 +587,155 @@ class FakeSageMaker:
         run.wall_time_s = round(time.monotonic() - t0, 1)
         _say(f"job {run.name} {status} after {run.wall_time_s:.1f} s" + (f": {reason}" if reason else ""))
 
-    def _run(self, job: Any, request: dict[str, Any], run: JobRun, boto: Any, transitions: list) -> tuple[str, str, str | None]:
+    # ------------------------------------------------------------------ one tuning job
+
+    def _run_tuning(self, backend: Any, request: dict[str, Any], region: str) -> TuningRun:
+        """Run a (validated) tuning job's trials, one after another, and record on moto's tuning job
+        what they gave: status, counters, best training job, runtime. See the module docstring."""
+        import fake_aws_apis
+
+        name = request["HyperParameterTuningJobName"]
+        tuning = backend.hyper_parameter_tuning_jobs[name]
+        config, definition = request["HyperParameterTuningJobConfig"], request["TrainingJobDefinition"]
+        objective = config["HyperParameterTuningJobObjective"]
+        strategy_run, planned = tuning_trial_values(config)
+        limits = config["ResourceLimits"]
+        record = TuningRun(name=name, strategy=config["Strategy"], strategy_run=strategy_run,
+                           objective={"Type": objective["Type"], "MetricName": objective["MetricName"]},
+                           max_parallel=int(limits["MaxParallelTrainingJobs"]), planned=planned)
+        self.tuning_jobs.append(record)
+        # The service adds the objective's name to every training job's hyperparameters (the
+        # framework toolkits keep it out of the script's arguments).
+        static = {k: str(v) for k, v in (definition.get("StaticHyperParameters") or {}).items()}
+        static.setdefault("_tuning_objective_metric", objective["MetricName"])
+        if tuning.training_job_definition is not None:
+            tuning.training_job_definition["StaticHyperParameters"] = dict(static)
+        # What moto made up, replaced by what runs.
+        tuning.hyper_parameter_tuning_job_status = "InProgress"
+        tuning.hyper_parameter_tuning_end_time = None
+        tuning.best_training_job = tuning.OverallBestTrainingJob = None
+        tuning.tuning_job_completion_details = tuning.consumed_resources = None
+        tuning.failure_reason = None
+        tuning.launching = True  # StopHyperParameterTuningJob leaves the end to this method
+        self._update_tuning(backend, tuning)
+        _say(
+            f"tuning job {name}: strategy {config['Strategy']}"
+            + (f" (chosen here as {strategy_run}: no model of earlier results, no early stopping)"
+               if strategy_run != config["Strategy"] else "")
+            + f", {len(planned)} training job(s) {planned}, objective: {objective['Type'].lower()} "
+            f"{objective['MetricName']}; one after another (MaxParallelTrainingJobs {record.max_parallel} is not "
+            "simulated: the simulated hosts share this machine's cores)"
+        )
+        spec = definition["AlgorithmSpecification"]
+        max_runtime = limits.get("MaxRuntimeInSeconds")
+        t0 = time.monotonic()
+        interrupted = False
+        try:
+            for number, values in enumerate(planned, 1):
+                if tuning.hyper_parameter_tuning_job_status != "InProgress":
+                    break  # StopHyperParameterTuningJob
+                if max_runtime and time.monotonic() - t0 >= max_runtime:
+                    _say(f"tuning job {name}: its MaxRuntimeInSeconds of {max_runtime} s has passed: no more training jobs")
+                    break
+                if len(record.trials) >= 5 and not any(t.status == "Completed" for t in record.trials):
+                    break  # the service gives up after 5 attempts without a success
+                trial = f"{name}-{number:03d}-{uuid.uuid4().hex[:8]}"  # SageMaker's trial names
+                hyperparameters = {**static, **values}
+                trial_request = {
+                    "TrainingJobName": trial, "HyperParameters": dict(hyperparameters),
+                    **{key: copy.deepcopy(definition.get(key)) for key in (
+                        "AlgorithmSpecification", "InputDataConfig", "OutputDataConfig", "ResourceConfig",
+                        "StoppingCondition", "CheckpointConfig", "Environment", "VpcConfig", "EnableNetworkIsolation")},
+                }
+                job = backend.create_training_job(
+                    training_job_name=trial, hyper_parameters=dict(hyperparameters),
+                    algorithm_specification=copy.deepcopy(spec), role_arn=definition["RoleArn"],
+                    input_data_config=copy.deepcopy(definition.get("InputDataConfig")),
+                    output_data_config=copy.deepcopy(definition["OutputDataConfig"]),
+                    resource_config=copy.deepcopy(definition["ResourceConfig"]),
+                    vpc_config=copy.deepcopy(definition.get("VpcConfig")),
+                    stopping_condition=copy.deepcopy(definition.get("StoppingCondition")),
+                    tags=copy.deepcopy(request.get("Tags")) or [],  # the tuning job's tags go to its training jobs
+                    enable_network_isolation=bool(definition.get("EnableNetworkIsolation")),
+                    enable_inter_container_traffic_encryption=bool(definition.get("EnableInterContainerTrafficEncryption")),
+                    enable_managed_spot_training=bool(definition.get("EnableManagedSpotTraining")),
+                    checkpoint_config=copy.deepcopy(definition.get("CheckpointConfig")),
+                    debug_hook_config=None, debug_rule_configurations=None, tensor_board_output_config=None,
+                    experiment_config=None,
+                )
+                fake_aws_apis.link_trial(job, tuning)
+                self._update_tuning(backend, tuning)
+                record.trials.append(self._execute(job, trial_request, region, tuning_job=name))
+                self._update_tuning(backend, tuning)
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
+        finally:
+            tuning.launching = False
+            self._finish_tuning(backend, tuning, record, t0, stopped=interrupted)
+        return record
+
+    @staticmethod
+    def _update_tuning(backend: Any, tuning: Any) -> list[dict[str, Any]]:
+        """The tuning job's counters and best training job, from its training jobs as they are now."""
+        import fake_aws_apis
+
+        summaries = [fake_aws_apis.trial_summary(t, tuning) for t in fake_aws_apis.tuning_trials(backend, tuning)]
+        statuses = [s["TrainingJobStatus"] for s in summaries]
+        internal = [s for s in summaries if s["TrainingJobStatus"] == "Failed"
+                    and str(s.get("FailureReason", "")).startswith("InternalServerError")]
+        tuning.training_job_status_counters = {
+            "Completed": statuses.count("Completed"),
+            "InProgress": statuses.count("InProgress") + statuses.count("Stopping"),
+            "RetryableError": len(internal),  # a failure of the service (here: of the fake), not of the job
+            "NonRetryableError": statuses.count("Failed") - len(internal),
+            "Stopped": statuses.count("Stopped"),
+        }
+        objectives = [s["ObjectiveStatus"] for s in summaries]
+        tuning.objective_status_counters = {k: objectives.count(k) for k in ("Succeeded", "Pending", "Failed")}
+        scored = [s for s in summaries if s["ObjectiveStatus"] == "Succeeded"]
+        maximize = (tuning.hyper_parameter_tuning_job_config["HyperParameterTuningJobObjective"]["Type"] == "Maximize")
+        best = None
+        for summary in scored:  # the first of equals wins
+            value = summary["FinalHyperParameterTuningJobObjectiveMetric"]["Value"]
+            if best is None or (value > best[0] if maximize else value < best[0]):
+                best = (value, summary)
+        tuning.best_training_job = best[1] if best else None
+        tuning.last_modified_time = _now()
+        return summaries
+
+    def _finish_tuning(self, backend: Any, tuning: Any, record: TuningRun, t0: float, *, stopped: bool) -> None:
+        summaries = self._update_tuning(backend, tuning)
+        ended = _now()
+        reason = None
+        if stopped or tuning.hyper_parameter_tuning_job_status in ("Stopping", "Stopped"):
+            status = "Stopped"
+        elif summaries and all(s["TrainingJobStatus"] == "Failed" for s in summaries):
+            status = "Failed"  # the service's words
+            reason = (f"No training job succeeded after {len(summaries)} attempts. Please take a look at the "
+                      "training job failures to get more details.")
+        elif not any(s["ObjectiveStatus"] == "Succeeded" for s in summaries):
+            status = "Failed"
+            reason = (f"No objective metrics found after running {len(summaries)} training jobs. Please ensure that "
+                      "the custom algorithm is emitting the objective metric as defined by the regular expression provided.")
+        else:
+            status = "Completed"
+        tuning.hyper_parameter_tuning_job_status = status
+        tuning.failure_reason = reason
+        tuning.hyper_parameter_tuning_end_time = tuning.last_modified_time = ended
+        record.wall_time_s = round(time.monotonic() - t0, 1)
+        tuning.consumed_resources = {"RuntimeInSeconds": int(round(time.monotonic() - t0))}
+        record.status, record.failure_reason = status, reason
+        best = tuning.best_training_job
+        record.best_training_job = best["TrainingJobName"] if best else None
+        _say(f"tuning job {record.name} {status} after {record.wall_time_s:.1f} s, {len(summaries)} training job(s)"
+             + (f"; best: {best['TrainingJobName']} {best['TunedHyperParameters']} "
+                f"{best['FinalHyperParameterTuningJobObjectiveMetric']['MetricName']}="
+                f"{best['FinalHyperParameterTuningJobObjectiveMetric']['Value']:g}" if best else "")
+             + (f": {reason}" if reason else ""))
+
+    def _run(self, job: Any, request: dict[str, Any], run: JobRun, boto: Any, transitions: list,
+             stop: threading.Event) -> tuple[str, str, str | None]:
         from workshop.metrics import CLUSTER_PREFIX
         from workshop.runtime.local_cluster import LocalCluster, choose_runtime
 
@@ -442,12 +772,25 @@ class FakeSageMaker:
             if unsupported:
                 raise _JobError(f"ClientError: channel {channel_name!r}: fake_sagemaker does not simulate {', '.join(unsupported)}.")
             channels[channel_name] = source["S3Uri"]
-        for reserved in RESERVED_CHANNELS:
-            if reserved not in channels:
-                raise _JobError(
-                    f"ClientError: no {reserved!r} channel: fake_sagemaker runs SDK v3 `source_code` jobs "
-                    "(the code and sm_drivers channels), not bare training images."
-                )
+        spec = request.get("AlgorithmSpecification") or {}
+        command = list(spec.get("ContainerEntrypoint") or []) + list(spec.get("ContainerArguments") or [])
+        toolkit = not command and "sagemaker_program" in (request.get("HyperParameters") or {})
+        if toolkit:
+            if "code" in channels:
+                raise _JobError("ClientError: fake_sagemaker does not simulate a `code` input channel in a job that "
+                                "runs the framework toolkit (sagemaker_program): the toolkit's code comes from "
+                                "sagemaker_submit_directory, at /opt/ml/code.")
+        elif not command:
+            raise _JobError("ClientError: the request sets no ContainerEntrypoint and no sagemaker_program "
+                            "hyperparameter: fake_sagemaker runs SDK v3 `source_code` jobs (whose entrypoint runs "
+                            "sm_train.sh) and the framework images' toolkit (sagemaker_program), not bare training images.")
+        else:
+            for reserved in RESERVED_CHANNELS:
+                if reserved not in channels:
+                    raise _JobError(
+                        f"ClientError: no {reserved!r} channel: fake_sagemaker runs SDK v3 `source_code` jobs "
+                        "(the code and sm_drivers channels), not bare training images."
+                    )
 
         # --- S3 in
         transitions[-1]["EndTime"] = _now()
@@ -459,48 +802,13 @@ class FakeSageMaker:
             if _download_prefix(s3, uri, dest) == 0:
                 raise _JobError(f"ClientError: Data download failed: no objects under {uri} (channel {channel_name!r}).")
             local_channels[channel_name] = dest
-        drivers_dir, code_dir = local_channels.pop("sm_drivers"), local_channels.pop("code")
-        sm_train = _read_text(drivers_dir / "sm_train.sh")
-        source_code = json.loads(_read_text(drivers_dir / "sourcecode.json") or "{}") or {}
-        distributed_json = json.loads(_read_text(drivers_dir / "distributed.json") or "{}") or {}
-        if not sm_train:
-            raise _JobError("ClientError: the sm_drivers channel has no sm_train.sh.")
-        if source_code.get("command") or "SAGEMAKER_BASE_COMMAND_EOF" in sm_train:
-            raise _JobError("ClientError: fake_sagemaker does not run SourceCode.command jobs, only entry scripts.")
-        for archive in re.findall(r"^tar -xzf (\S+)", sm_train, re.MULTILINE):  # a .tar.gz source_dir
-            with tarfile.open(code_dir / archive) as tar:
-                if hasattr(tarfile, "data_filter"):  # Python 3.11.4+
-                    tar.extractall(code_dir, filter="data")
-                else:
-                    tar.extractall(code_dir)
-        drivers = re.findall(rf"^\$SM_PYTHON_CMD {re.escape(DRIVERS_IN_CONTAINER)}(distributed_drivers/\S+\.py)\s*$", sm_train, re.MULTILINE)
-        if len(drivers) != 1:
-            raise _JobError(f"ClientError: cannot tell which driver sm_train.sh runs (found {drivers}).")
-        driver = drivers_dir / drivers[0]
-        label = re.search(r'^echo "Running (.+) Driver"', sm_train, re.MULTILINE)
-        entry_script = source_code.get("entry_script")
-        if not entry_script:
-            raise _JobError("ClientError: sourcecode.json names no entry_script.")
-        if distributed_json:
-            distributed = _UploadedDriver(
-                name=label.group(1) if label else driver.stem,
-                driver_dir=str(driver.parent),
-                driver_script=driver.name,
-                config=distributed_json,
-            )
-            # null: one process per GPU on SageMaker; the simulated hosts have none.
-            procs = int(distributed_json.get("process_count_per_node") or 1)
+        if toolkit:
+            launch = self._toolkit_launch(request, local_channels, workdir, s3, boto.region_name)
         else:
-            distributed, procs = None, 1  # the basic script driver (LocalCluster's own copy of it)
-        hyperparameters = {k: safe_deserialize(v) for k, v in (request.get("HyperParameters") or {}).items()}
+            launch = self._sm_train_launch(request, local_channels, command)
         environment = dict(request.get("Environment") or {})
-        spec = request.get("AlgorithmSpecification") or {}
-        command = list(spec.get("ContainerEntrypoint") or []) + list(spec.get("ContainerArguments") or [])
-        if not command:
-            raise _JobError("ClientError: the request sets no ContainerEntrypoint: fake_sagemaker runs SDK v3 "
-                            "`source_code` jobs, whose entrypoint runs sm_train.sh.")
         internet, network = self._internet_route(request, boto)
-        container = choose_runtime("auto")[0] == "container"  # the choice the cluster below makes
+        container = choose_runtime(launch.runtime)[0] == "container"  # the choice the cluster below makes
         # Paths into /opt/ml are right inside the container runtime; the process runtime has no
         # /opt/ml and sets those variables to each host's sandbox itself.
         dropped = [] if container else sorted(k for k, v in environment.items() if str(v).startswith(CONTAINER_ROOT))
@@ -513,8 +821,9 @@ class FakeSageMaker:
             checkpoint_dir.mkdir(parents=True, exist_ok=True)
             _download_prefix(s3, checkpoint["S3Uri"], checkpoint_dir)
         max_run = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
-        run.hosts, run.procs_per_host, run.hyperparameters = hosts, procs, hyperparameters
-        run.driver = str(Path(drivers[0]))
+        run.hosts, run.procs_per_host = hosts, launch.procs
+        run.hyperparameters = {k: safe_deserialize(v) for k, v in (request.get("HyperParameters") or {}).items()}
+        run.driver, run.launch = launch.driver, launch.kind
         run.network = network
         run.image_framework = image_framework_note(spec.get("TrainingImage") or "")
 
@@ -522,26 +831,33 @@ class FakeSageMaker:
         transitions[-1]["EndTime"] = _now()
         transitions.append({"Status": "Training", "StartTime": _now(), "StatusMessage": "Training in progress (local cluster)"})
         _say(
-            f"job {name}: {hosts} simulated host(s) x {procs} process(es), "
-            f"{distributed.name + ' driver' if distributed else 'basic script driver'} ({run.driver}) "
-            f"from the uploaded sm_drivers, {entry_script} from the uploaded code, hyperparameters "
-            f"{json.dumps(hyperparameters)}, channels {sorted(local_channels)}"
+            f"job {name}: {hosts} simulated host(s) x {launch.procs} process(es), {launch.described}, "
+            f"hyperparameters {json.dumps(run.hyperparameters)}, channels {sorted(local_channels)}"
             + f"; network: {network}; hosts start up to {self.start_skew_s:g} s apart; {run.image_framework}"
             + (f"; not passed (container paths): {', '.join(dropped)}" if dropped else "")
         )
+        if stop.is_set():
+            raise _JobError("")  # StopTrainingJob came first: nothing starts
         start_epoch = int(time.time())
         try:
             cluster = LocalCluster(
-                code_dir, entry_script, hosts=hosts, procs_per_host=procs, distributed=distributed,
-                name=name, workdir=workdir / "hosts", extra_env=extra_env, echo=False,
+                launch.source_dir, launch.entry_script, hosts=hosts, procs_per_host=launch.procs,
+                distributed=launch.distributed, name=name, workdir=workdir / "hosts", extra_env=extra_env, echo=False,
                 internet=internet, start_skew_s=self.start_skew_s if hosts > 1 else 0.0,
-                sm_drivers_dir=drivers_dir, container_command=command,
-                instance_type=resource.get("InstanceType"),
+                sm_drivers_dir=launch.sm_drivers_dir, container_command=launch.command,
+                instance_type=resource.get("InstanceType"), runtime=launch.runtime,
             )
-            result = cluster.run(
-                hyperparameters, local_channels, checkpoint_dir=checkpoint_dir,
-                timeout_s=float(max_run) if max_run else None, check=False,
-            )
+            done = threading.Event()
+            watcher = threading.Thread(target=_stop_when_asked, args=(name, stop, done), daemon=True)
+            watcher.start()
+            try:
+                result = cluster.run(
+                    launch.hyperparameters, local_channels, checkpoint_dir=checkpoint_dir,
+                    timeout_s=float(max_run) if max_run else None, check=False,
+                )
+            finally:
+                done.set()
+                watcher.join()
         except Exception as exc:  # WorkshopError: e.g. no such entry script in the code channel
             raise _JobError(f"AlgorithmError: {exc}") from None
         run.runtime = result.runtime
@@ -582,7 +898,8 @@ class FakeSageMaker:
         if checkpoint_dir is not None and checkpoint_dir.is_dir():
             _upload_dir(s3, checkpoint_dir, checkpoint["S3Uri"])
         timed_out = result.returncode == 124 and bool(max_run) and "time limit" in (result.failure or "")
-        if result.ok or timed_out:  # SageMaker saves the model of a job stopped at max runtime too
+        # SageMaker saves the model of a job stopped at max runtime, or by StopTrainingJob, too
+        if result.ok or timed_out or stop.is_set():
             artifact = job.model_artifacts["S3ModelArtifacts"]
             bucket, key = _split_s3(artifact)
             s3.put_object(Bucket=bucket, Key=key, Body=_tar_gz(result.model_dir))
@@ -592,6 +909,123 @@ class FakeSageMaker:
         if timed_out:
             return "Stopped", "MaxRuntimeExceeded", f"Training job reached its MaxRuntimeInSeconds of {max_run} s."
         return "Failed", "Failed", "AlgorithmError: " + _failure_text(result)
+
+    @staticmethod
+    def _sm_train_launch(request: dict[str, Any], local_channels: dict[str, Path], command: list[str]) -> _Launch:
+        """SDK v3 `source_code` jobs: the request's entrypoint runs the uploaded sm_train.sh, which runs
+        the uploaded driver on the code channel."""
+        drivers_dir, code_dir = local_channels.pop("sm_drivers"), local_channels.pop("code")
+        sm_train = _read_text(drivers_dir / "sm_train.sh")
+        source_code = json.loads(_read_text(drivers_dir / "sourcecode.json") or "{}") or {}
+        distributed_json = json.loads(_read_text(drivers_dir / "distributed.json") or "{}") or {}
+        if not sm_train:
+            raise _JobError("ClientError: the sm_drivers channel has no sm_train.sh.")
+        if source_code.get("command") or "SAGEMAKER_BASE_COMMAND_EOF" in sm_train:
+            raise _JobError("ClientError: fake_sagemaker does not run SourceCode.command jobs, only entry scripts.")
+        for archive in re.findall(r"^tar -xzf (\S+)", sm_train, re.MULTILINE):  # a .tar.gz source_dir
+            _extract_tar_gz(code_dir / archive, code_dir)
+        drivers = re.findall(rf"^\$SM_PYTHON_CMD {re.escape(DRIVERS_IN_CONTAINER)}(distributed_drivers/\S+\.py)\s*$", sm_train, re.MULTILINE)
+        if len(drivers) != 1:
+            raise _JobError(f"ClientError: cannot tell which driver sm_train.sh runs (found {drivers}).")
+        driver = drivers_dir / drivers[0]
+        label = re.search(r'^echo "Running (.+) Driver"', sm_train, re.MULTILINE)
+        entry_script = source_code.get("entry_script")
+        if not entry_script:
+            raise _JobError("ClientError: sourcecode.json names no entry_script.")
+        if distributed_json:
+            distributed = _UploadedDriver(
+                name=label.group(1) if label else driver.stem,
+                driver_dir=str(driver.parent),
+                driver_script=driver.name,
+                config=distributed_json,
+            )
+            # null: one process per GPU on SageMaker; the simulated hosts have none.
+            procs = int(distributed_json.get("process_count_per_node") or 1)
+        else:
+            distributed, procs = None, 1  # the basic script driver (LocalCluster's own copy of it)
+        hyperparameters = {k: safe_deserialize(v) for k, v in (request.get("HyperParameters") or {}).items()}
+        return _Launch(
+            kind="sm_train.sh", source_dir=code_dir, entry_script=entry_script, procs=procs, distributed=distributed,
+            sm_drivers_dir=drivers_dir, command=command, hyperparameters=hyperparameters, runtime="auto",
+            driver=str(Path(drivers[0])),
+            described=(f"{distributed.name + ' driver' if distributed else 'basic script driver'} ({drivers[0]}) "
+                       f"from the uploaded sm_drivers, {entry_script} from the uploaded code"),
+        )
+
+    @staticmethod
+    def _toolkit_launch(request: dict[str, Any], local_channels: dict[str, Path], workdir: Path, s3: Any,
+                        region: str) -> _Launch:
+        """No ContainerEntrypoint but `sagemaker_program`: what a SageMaker framework image runs then,
+        its `sagemaker-training` toolkit (`toolkit_main`, on every host), with the code from
+        `sagemaker_submit_directory` at /opt/ml/code."""
+        from workshop.runtime.local_cluster import choose_runtime
+
+        runtime, why = choose_runtime("auto")
+        if runtime != "container":
+            raise _JobError(
+                "ClientError: this job has no ContainerEntrypoint, so its image's framework toolkit would run "
+                "its sagemaker_program; fake_sagemaker emulates that toolkit only on the local cluster's container "
+                f"runtime (each host with its own /opt/ml), which cannot run here: {why}."
+            )
+        spec = request.get("AlgorithmSpecification") or {}
+        image = spec.get("TrainingImage") or ""
+        framework, module = _toolkit_of(image)
+        raw = {k: str(v) for k, v in (request.get("HyperParameters") or {}).items()}
+        hps = {k: safe_deserialize(v) for k, v in raw.items()}
+        enabled = [k for k in TOOLKIT_DISTRIBUTION_HYPERPARAMETERS if hps.get(k)]
+        if enabled:
+            raise _JobError("ClientError: fake_sagemaker emulates the toolkit's plain-script path only (one "
+                            f"`python <program>` per host), not its distributed runners ({', '.join(enabled)}).")
+        program = str(hps["sagemaker_program"])
+        submit = hps.get("sagemaker_submit_directory")
+        if not submit:
+            raise _JobError("ClientError: no sagemaker_submit_directory: the toolkit would run the program from the "
+                            "image's own /opt/ml/code, and fake_sagemaker never pulls the image.")
+        submit = str(submit)
+        if not submit.startswith("s3://"):
+            raise _JobError(f"ClientError: sagemaker_submit_directory {submit!r} is not an S3 URI: fake_sagemaker "
+                            "does not simulate code already in the image.")
+        code_dir, tarball = workdir / "sourcedir", workdir / "sourcedir.tar.gz"
+        bucket, key = _split_s3(submit)
+        workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            tarball.write_bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+            _extract_tar_gz(tarball, code_dir)
+        except Exception as exc:  # noqa: BLE001 - what the toolkit reports: a framework error, the job fails
+            raise _JobError(f"AlgorithmError: Framework Error: cannot download and extract {submit}: {exc}") from None
+        if (code_dir / "setup.py").exists():
+            raise _JobError("ClientError: the source has a setup.py, which the toolkit installs as a Python package "
+                            "and runs with `python -m`: fake_sagemaker does not simulate that.")
+        if not (code_dir / program).is_file():
+            raise _JobError(f"AlgorithmError: ExecuteUserScriptError: the sagemaker_program {program!r} is not in "
+                            f"{submit}, so python finds no /opt/ml/code/{program}.")
+        input_data_config = {}
+        for channel in request.get("InputDataConfig") or []:
+            source = channel["DataSource"]["S3DataSource"]
+            entry = {"TrainingInputMode": channel.get("InputMode") or spec.get("TrainingInputMode") or "File",
+                     "S3DistributionType": source.get("S3DataDistributionType") or "FullyReplicated",
+                     "RecordWrapperType": channel.get("RecordWrapperType") or "None"}
+            if channel.get("ContentType"):
+                entry["ContentType"] = channel["ContentType"]
+            input_data_config[channel["ChannelName"]] = entry
+        environment = request.get("Environment") or {}
+        config = {
+            "framework": framework, "framework_module": module, "region": region,
+            "input_data_config": input_data_config, "sm_drivers_channel": "sm_drivers" in local_channels,
+            # What the local cluster's containers carry that the image's would not (unless the job sets it).
+            "unset": [k for k in ("SM_CHECKPOINT_DIR", "PET_TEE") if k not in environment],
+            "hide_path": str(_TESTS_DIR),
+        }
+        boot = (f"import sys; sys.path.insert(0, {str(_TESTS_DIR)!r}); import fake_sagemaker; "
+                "sys.exit(fake_sagemaker.toolkit_main(sys.argv[1:]))")
+        return _Launch(
+            kind="toolkit", source_dir=code_dir, entry_script=program, procs=1, distributed=None,
+            sm_drivers_dir=local_channels.pop("sm_drivers", None), command=[sys.executable, "-c", boot, json.dumps(config)],
+            hyperparameters=raw, runtime="container",
+            driver=f"sagemaker-training toolkit ({module}): python {program}",
+            described=(f"the image's framework toolkit ({module}, no ContainerEntrypoint): `python {program}` once per "
+                       f"host from {submit} at /opt/ml/code, no launcher"),
+        )
 
     @staticmethod
     def _internet_route(request: dict[str, Any], boto: Any) -> tuple[bool, str]:
@@ -704,6 +1138,46 @@ def _tar_gz(folder: Path) -> bytes:
     return buffer.getvalue()
 
 
+def _extract_tar_gz(archive: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "r:gz") as tar:
+        if hasattr(tarfile, "data_filter"):  # Python 3.11.4+
+            tar.extractall(dest, filter="data")
+        else:
+            tar.extractall(dest)
+
+
+def _toolkit_of(image_uri: str) -> tuple[str, str]:
+    """(framework, SAGEMAKER_TRAINING_MODULE) of a SageMaker framework training image, whose
+    entrypoint runs the `sagemaker-training` toolkit; a job on any other image is refused."""
+    match = re.search(r"/([a-z0-9-]+):([^/]+)$", image_uri)
+    known = TOOLKIT_IMAGES.get(match.group(1)) if match else None
+    if known is None or "-ec2" in match.group(2):
+        raise _JobError(
+            f"ClientError: the image {image_uri or '(none)'} is not one of SageMaker's PyTorch or TensorFlow training "
+            "images, whose framework toolkit runs sagemaker_program when the job has no ContainerEntrypoint: "
+            "fake_sagemaker does not know what it would run."
+        )
+    return known
+
+
+def _stop_when_asked(name: str, stop: threading.Event, done: threading.Event) -> None:
+    """While job `name` runs: once StopTrainingJob asks, SIGTERM every process of its hosts (as
+    SageMaker signals the algorithm), again each half second until the run has ended."""
+    import psutil
+
+    from workshop.runtime.processes import MARKER
+
+    while not done.wait(0.5):
+        if not stop.is_set():
+            continue
+        for proc in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.Error, OSError):
+                env = proc.environ()
+                if env.get(MARKER) and env.get("TRAINING_JOB_NAME") == name and proc.pid != os.getpid():
+                    proc.terminate()
+
+
 def _failure_text(result: Any) -> str:
     """The driver's failure file (what SageMaker reports) of the host that failed first, else
     the local cluster's own report."""
@@ -715,6 +1189,516 @@ def _failure_text(result: Any) -> str:
         if text:
             return text
     return result.failure or f"exit status {result.returncode}"
+
+
+# ---------------------------------------------------------------------- tuning jobs: the request, the trials
+
+TUNING_JOB_NAME_PATTERN = r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,31}"  # botocore's model (CreateHyperParameterTuningJob)
+TUNING_STRATEGIES = ("Bayesian", "Random", "Hyperband", "Grid")
+_RANGE_KINDS = (("IntegerParameterRanges", "Integer"), ("ContinuousParameterRanges", "Continuous"),
+                ("CategoricalParameterRanges", "Categorical"))
+_MAX_TUNED = 30  # ParameterRanges: at most 30 hyperparameters over all its ranges
+_MAX_HYPERPARAMETERS = 100  # static + tuned
+
+
+@dataclass(frozen=True)
+class _Range:
+    kind: str  # Integer, Continuous, Categorical
+    name: str
+    low: float = 0.0
+    high: float = 0.0
+    scaling: str = "Auto"
+    values: tuple[str, ...] = ()
+
+    @property
+    def size(self) -> float:
+        """How many distinct values it has (Continuous: infinitely many)."""
+        if self.kind == "Categorical":
+            return len(self.values)
+        return int(self.high) - int(self.low) + 1 if self.kind == "Integer" else math.inf
+
+    def draw(self, rng: random.Random) -> str:
+        """One random value, on the range's scale (Auto: linear), as text (SageMaker's hyperparameters)."""
+        if self.kind == "Categorical":
+            return rng.choice(self.values)
+        low, high = self.low, self.high
+        if self.scaling == "Logarithmic":
+            value = math.exp(rng.uniform(math.log(low), math.log(high)))
+        elif self.scaling == "ReverseLogarithmic":
+            value = 1.0 - math.exp(rng.uniform(math.log(1.0 - high), math.log(1.0 - low)))
+        else:
+            value = rng.uniform(low, high)
+        if self.kind == "Integer":
+            return str(min(int(high), max(int(low), round(value))))
+        return repr(min(high, max(low, value)))
+
+
+def _constraint(value: Any, where: str, rule: str) -> Exception:
+    """The service's wording for a request that breaks a documented constraint."""
+    from moto.sagemaker.exceptions import ValidationError
+
+    return ValidationError(message=f"1 validation error detected: Value '{value}' at '{where}' failed to satisfy "
+                                   f"constraint: {rule}")
+
+
+def _refusal(message: str) -> Exception:
+    from moto.sagemaker.exceptions import ValidationError
+
+    return ValidationError(message=message)
+
+
+def _parse_ranges(config: dict[str, Any]) -> list[_Range]:
+    """The ParameterRanges, checked as the API reference and the developer guide ("Define
+    Hyperparameter Ranges") state them; ValidationException for what breaks them."""
+    ranges = config.get("ParameterRanges") or {}
+    if ranges.get("AutoParameters"):
+        raise _refusal("fake_sagemaker does not simulate AutoParameters (Autotune).")
+    parsed: list[_Range] = []
+    for key, kind in _RANGE_KINDS:
+        for entry in ranges.get(key) or []:
+            name = str(entry.get("Name") or "")
+            if not name:
+                raise _refusal(f"A {kind} parameter range has no Name.")
+            if kind == "Categorical":
+                values = tuple(str(v) for v in entry.get("Values") or [])
+                if not 1 <= len(values) <= 30:
+                    raise _constraint(list(values), f"hyperParameterTuningJobConfig.parameterRanges.categoricalParameterRanges.{name}.values",
+                                      "Member must have length between 1 and 30")
+                parsed.append(_Range(kind, name, values=values))
+                continue
+            number = int if kind == "Integer" else float
+            try:
+                low, high = number(entry.get("MinValue")), number(entry.get("MaxValue"))
+            except (TypeError, ValueError):
+                raise _refusal(f"The {kind} parameter range {name!r} needs a MinValue and a MaxValue that are "
+                               f"{'integers' if kind == 'Integer' else 'numbers'}, got {entry.get('MinValue')!r} and "
+                               f"{entry.get('MaxValue')!r}.") from None
+            if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+                raise _refusal(f"The {kind} parameter range {name!r} has MinValue {low} above MaxValue {high}.")
+            scaling = entry.get("ScalingType") or "Auto"
+            if scaling not in ("Auto", "Linear", "Logarithmic", "ReverseLogarithmic"):
+                raise _constraint(scaling, f"parameterRanges.{name}.scalingType",
+                                  "Member must satisfy enum value set: [Auto, Linear, Logarithmic, ReverseLogarithmic]")
+            if scaling == "Logarithmic" and low <= 0:
+                raise _refusal(f"Logarithmic scaling works only for ranges that have values greater than 0: {name!r} "
+                               f"starts at {low}.")
+            if scaling == "ReverseLogarithmic":
+                if kind == "Integer":
+                    raise _refusal(f"Reverse logarithmic scaling is only supported for continuous hyperparameter "
+                                   f"ranges, not for the integer range {name!r}.")
+                if low < 0 or high >= 1:
+                    raise _refusal(f"Reverse logarithmic scaling works only for ranges that are entirely within "
+                                   f"0 <= x < 1: {name!r} is [{low}, {high}].")
+            parsed.append(_Range(kind, name, float(low), float(high), scaling))
+    return parsed
+
+
+def validate_tuning_request(request: dict[str, Any]) -> list[_Range]:
+    """CreateHyperParameterTuningJob's checks, as the API reference (CreateHyperParameterTuningJob,
+    HyperParameterTuningJobConfig, ResourceLimits, ParameterRanges) and the developer guide state
+    them; each failure is a ValidationException (moto's ValidationError, which a boto3 client sees
+    as ClientError code ValidationException) before anything is recorded or run. What the fake does
+    not simulate is refused the same way, saying so. Returns the parameter ranges."""
+    name = request.get("HyperParameterTuningJobName") or ""
+    if len(name) > 32:
+        raise _constraint(name, "hyperParameterTuningJobName", "Member must have length less than or equal to 32")
+    if not re.fullmatch(TUNING_JOB_NAME_PATTERN, name):
+        raise _constraint(name, "hyperParameterTuningJobName",
+                          f"Member must satisfy regular expression pattern: {TUNING_JOB_NAME_PATTERN}")
+    if request.get("TrainingJobDefinitions"):
+        raise _refusal("fake_sagemaker does not simulate TrainingJobDefinitions (several training job definitions "
+                       "in one tuning job): send one TrainingJobDefinition.")
+    definition = request.get("TrainingJobDefinition")
+    if not definition:
+        raise _refusal("The request needs a TrainingJobDefinition (or TrainingJobDefinitions).")
+    for key in ("WarmStartConfig", "Autotune"):
+        if request.get(key):
+            raise _refusal(f"fake_sagemaker does not simulate {key}.")
+    config = request.get("HyperParameterTuningJobConfig") or {}
+    strategy = config.get("Strategy")
+    if strategy not in TUNING_STRATEGIES:
+        raise _constraint(strategy, "hyperParameterTuningJobConfig.strategy",
+                          f"Member must satisfy enum value set: [{', '.join(TUNING_STRATEGIES)}]")
+    limits = config.get("ResourceLimits") or {}
+    where = "hyperParameterTuningJobConfig.resourceLimits"
+    for key, field_name in (("MaxParallelTrainingJobs", "maxParallelTrainingJobs"),
+                            ("MaxNumberOfTrainingJobs", "maxNumberOfTrainingJobs")):
+        value = limits.get(key)
+        if (value is not None or key == "MaxParallelTrainingJobs") and (not isinstance(value, int) or value < 1):
+            raise _constraint(value, f"{where}.{field_name}", "Member must have value greater than or equal to 1")
+    runtime = limits.get("MaxRuntimeInSeconds")
+    if runtime is not None and not 120 <= runtime <= 15768000:
+        raise _constraint(runtime, f"{where}.maxRuntimeInSeconds",
+                          "Member must have value greater than or equal to 120 and less than or equal to 15768000")
+    seed = config.get("RandomSeed")
+    if seed is not None and seed < 0:
+        raise _constraint(seed, "hyperParameterTuningJobConfig.randomSeed", "Member must have value greater than or equal to 0")
+    if config.get("StrategyConfig") and strategy != "Hyperband":
+        raise _refusal("StrategyConfig (HyperbandStrategyConfig) is only supported for the Hyperband strategy.")
+    if config.get("TuningJobCompletionCriteria"):
+        raise _refusal("fake_sagemaker does not simulate TuningJobCompletionCriteria.")
+    early = config.get("TrainingJobEarlyStoppingType") or "Off"
+    if early not in ("Off", "Auto"):
+        raise _constraint(early, "hyperParameterTuningJobConfig.trainingJobEarlyStoppingType",
+                          "Member must satisfy enum value set: [Off, Auto]")
+    objective = config.get("HyperParameterTuningJobObjective")
+    if not objective or not objective.get("MetricName"):
+        raise _refusal("The tuning job has no HyperParameterTuningJobObjective: give its Type and MetricName, one "
+                       "of the training job definition's MetricDefinitions.")
+    if objective.get("Type") not in ("Maximize", "Minimize"):
+        raise _constraint(objective.get("Type"), "hyperParameterTuningJobConfig.hyperParameterTuningJobObjective.type",
+                          "Member must satisfy enum value set: [Maximize, Minimize]")
+    spec = definition.get("AlgorithmSpecification") or {}
+    if spec.get("AlgorithmName"):
+        raise _refusal("fake_sagemaker does not simulate AlgorithmName (algorithm resources): give a TrainingImage.")
+    if not spec.get("TrainingImage"):
+        raise _refusal("The TrainingJobDefinition's AlgorithmSpecification needs a TrainingImage (or an AlgorithmName).")
+    if objective["MetricName"] not in [d.get("Name") for d in spec.get("MetricDefinitions") or []]:
+        # the service's own words
+        raise _refusal("A metric is required for this hyperparameter tuning job objective. Provide a metric in the "
+                       "metric definitions.")
+    if definition.get("HyperParameterTuningResourceConfig"):
+        raise _refusal("fake_sagemaker does not simulate HyperParameterTuningResourceConfig: give a ResourceConfig.")
+    if not definition.get("ResourceConfig"):
+        raise _refusal("The TrainingJobDefinition needs a ResourceConfig (or a HyperParameterTuningResourceConfig).")
+    ranges = _parse_ranges(config)
+    names = [r.name for r in ranges]
+    if not names:
+        raise _refusal("The tuning job has no ParameterRanges: it has nothing to tune.")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise _refusal(f"A hyperparameter may have one range only; more than one: {', '.join(repeated)}.")
+    if len(names) > _MAX_TUNED:
+        raise _refusal(f"A tuning job searches at most {_MAX_TUNED} hyperparameters over all its ParameterRanges, "
+                       f"this one {len(names)}.")
+    static = definition.get("StaticHyperParameters") or {}
+    both = sorted(set(names) & set(static))
+    if both:
+        raise _refusal(f"The hyperparameter(s) {', '.join(both)} are both static (TrainingJobDefinition."
+                       "StaticHyperParameters) and tuned (ParameterRanges): each is one or the other.")
+    if len(static) + len(names) > _MAX_HYPERPARAMETERS:
+        raise _refusal(f"A tuning job has at most {_MAX_HYPERPARAMETERS} hyperparameters (static and tuned), this one "
+                       f"{len(static) + len(names)}.")
+    max_jobs = limits.get("MaxNumberOfTrainingJobs")
+    combinations = math.prod(r.size for r in ranges)
+    if strategy == "Grid":
+        other = [f"{r.name} ({r.kind})" for r in ranges if r.kind != "Categorical"]
+        if other:
+            raise _refusal("Only categorical parameters are supported when using the grid search strategy: "
+                           f"{', '.join(other)} is not.")
+        if max_jobs is not None and max_jobs != combinations:
+            raise _refusal(f"With the Grid strategy, MaxNumberOfTrainingJobs ({max_jobs}) must equal the total number "
+                           f"of distinct categorical combinations possible ({combinations}), or be left out.")
+    else:
+        if max_jobs is None:
+            raise _refusal(f"fake_sagemaker needs ResourceLimits.MaxNumberOfTrainingJobs with the {strategy} strategy "
+                           "(it runs that many training jobs).")
+        if combinations < max_jobs:  # the service's own words
+            raise _refusal("You don't have enough combinations of hyperparameter ranges. The total number of "
+                           f"hyperparameter combinations for the provided ranges [{float(combinations)}] must be equal "
+                           f"or greater than the value of MaxNumberOfJobs, [{max_jobs}]. Provide additional ranges.")
+    return ranges
+
+
+def tuning_trial_values(config: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
+    """(how the trials are chosen here, each trial's tuned values as text, in launch order).
+
+    Grid: every combination of the categorical values, the first range varying slowest, each
+    range's values in their order. Random: MaxNumberOfTrainingJobs independent draws, each
+    range on its scale (Auto: linear), from `random.Random(RandomSeed)` (unseeded without one).
+    Bayesian and Hyperband: drawn as Random (no model of earlier results, no early stopping)."""
+    ranges = _parse_ranges(config)
+    strategy = config["Strategy"]
+    if strategy == "Grid":
+        import itertools
+
+        combos = itertools.product(*[r.values for r in ranges])
+        return "Grid", [dict(zip([r.name for r in ranges], combo, strict=True)) for combo in combos]
+    seed = config.get("RandomSeed")
+    rng = random.Random(seed) if seed is not None else random.Random()
+    count = int(config["ResourceLimits"]["MaxNumberOfTrainingJobs"])
+    return "Random", [{r.name: r.draw(rng) for r in ranges} for _ in range(count)]
+
+
+# ---------------------------------------------------------------------- the framework toolkit, on each host
+
+# sagemaker_training.params.SAGEMAKER_HYPERPARAMETERS: neither passed to the script nor framework parameters.
+TOOLKIT_RESERVED_HYPERPARAMETERS = (
+    "sagemaker_program", "sagemaker_submit_directory", "sagemaker_enable_cloudwatch_metrics", "sagemaker_region",
+    "sagemaker_container_log_level", "sagemaker_job_name", "default_user_module_name", "_tuning_objective_metric",
+    "sagemaker_s3_output",
+)
+# sagemaker_training._PYTHON_ERRORS_: the built-in exception names and four more; a failed script's
+# output from the first line naming one of them is the failure's ErrorMessage.
+_TOOLKIT_ERROR_NAMES = tuple(n for n in dir(builtins) if "Error" in n or "Exception" in n) + (
+    "Invalid requirement", "ResourceExhaustedError", "OutOfRangeError", "InvalidArgumentError")
+
+
+def toolkit_main(argv: list[str]) -> int:
+    """What a SageMaker framework training image runs on each host of a job without a
+    ContainerEntrypoint: its entrypoint's `train`, i.e. `sagemaker_training.trainer.train()` with the
+    image's SAGEMAKER_TRAINING_MODULE (`sagemaker_pytorch_container.training:main`, or the
+    TensorFlow one), emulated from the toolkits' code (sagemaker-training 5.1, the PyTorch and
+    TensorFlow training toolkits). Runs INSIDE a simulated host of the container runtime, where
+    `/opt/ml` is this host's, as `python -c` (the fake's container command); `argv[0]` is the fake's
+    JSON config.
+
+    1. The host as SageMaker lays it out for this request: the request's channels only in
+       `inputdataconfig.json` and under /opt/ml/input/data (the local cluster always adds `code`
+       and `sm_drivers`), the code from `sagemaker_submit_directory` at /opt/ml/code (the local
+       cluster copied the downloaded, extracted tarball to /opt/ml/input/data/code).
+    2. `Environment()`: the hyperparameters JSON-decoded, those named `sagemaker_*` (and
+       `_tuning_objective_metric`, ...) kept out of the script's arguments, `SM_*` from
+       `to_env_vars()`, `CURRENT_HOST`, `SAGEMAKER_JOB_NAME`, `SAGEMAKER_REGION`; the framework's
+       own additions (PyTorch: `MASTER_ADDR` = the first host, `MASTER_PORT=7777`, `NCCL_*`,
+       `SM_DLC_TORCH_VERSION`, and nothing else: no RANK or WORLD_SIZE, no launcher; TensorFlow:
+       `model_dir` in a tuning job's trials, `S3_REGION`, `TF_CPP_MIN_LOG_LEVEL`).
+    3. `entry_point.run`: each host name resolved, requirements.txt installed, then one
+       `/bin/sh -c "python <program> --key value ..."` (the toolkit joins the command with spaces)
+       in /opt/ml/code, its output relayed line by line; a non-zero exit writes
+       `/opt/ml/output/failure` as `ExecuteUserScriptError:\\nExitCode N\\nErrorMessage "..."\\nCommand "..."`
+       and exits 1, success writes /opt/ml/output/success.
+    """
+    import importlib.metadata
+    import socket
+    import subprocess
+
+    cfg = json.loads(argv[0])
+    base = Path(CONTAINER_ROOT)
+    config_dir, data_dir, code_dir = base / "input" / "config", base / "input" / "data", base / "code"
+    output_dir = base / "output"
+
+    def log(message: str, level: str = "INFO") -> None:  # logging_config.configure_logger's format
+        stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+        print(f"{stamp} sagemaker-training-toolkit {level:<8} {message}", flush=True)
+
+    # 1. the host as the request lays it out
+    (config_dir / "inputdataconfig.json").write_text(json.dumps(cfg["input_data_config"]))
+    if not cfg["sm_drivers_channel"]:
+        shutil.rmtree(data_dir / "sm_drivers", ignore_errors=True)
+    if (data_dir / "code").is_dir():
+        shutil.rmtree(code_dir, ignore_errors=True)
+        shutil.move(str(data_dir / "code"), str(code_dir))
+    code_dir.mkdir(exist_ok=True)  # the images have an empty /opt/ml/code
+    for key in cfg["unset"]:
+        os.environ.pop(key, None)
+    if cfg["framework_module"]:
+        os.environ["SAGEMAKER_TRAINING_MODULE"] = cfg["framework_module"]  # the image's ENV
+
+    # 2. the environment
+    raw = json.loads((config_dir / "hyperparameters.json").read_text())
+    hps: dict[str, Any] = {}
+    for key, value in raw.items():
+        try:
+            hps[key] = json.loads(value)
+        except (ValueError, TypeError):
+            log(f"Failed to parse hyperparameter {key} value {value} to Json.\nReturning the value itself")
+            hps[key] = value
+    resource = json.loads((config_dir / "resourceconfig.json").read_text())
+    input_data = json.loads((config_dir / "inputdataconfig.json").read_text())
+    sagemaker_hps = {k: v for k, v in hps.items() if k in TOOLKIT_RESERVED_HYPERPARAMETERS or k.startswith("sagemaker_")}
+    user_hps = {k: v for k, v in hps.items() if k not in sagemaker_hps}
+    framework_params = {k: v for k, v in sagemaker_hps.items() if k not in TOOLKIT_RESERVED_HYPERPARAMETERS}
+    hosts, current_host = resource["hosts"], resource["current_host"]
+    os.environ["SAGEMAKER_JOB_NAME"] = str(sagemaker_hps.get("sagemaker_job_name", ""))
+    os.environ["CURRENT_HOST"] = current_host
+    os.environ["SAGEMAKER_REGION"] = str(sagemaker_hps.get("sagemaker_region", cfg["region"]) or "")
+    group = resource.get("current_group_name", "homogeneousCluster")
+    groups = resource.get("instance_groups", [])
+    distribution_groups = framework_params.get(
+        "sagemaker_distribution_instance_groups",
+        [group] if any(framework_params.get(k) for k in TOOLKIT_DISTRIBUTION_HYPERPARAMETERS) else [],
+    )
+    distribution_hosts = ([h for g in groups if g["instance_group_name"] in distribution_groups for h in g["hosts"]]
+                          if groups else list(hosts))
+    master = distribution_hosts[0] if distribution_hosts else hosts[0]
+    program = os.environ.get("SAGEMAKER_PROGRAM") or str(sagemaker_hps.get("sagemaker_program"))
+    job_name = os.environ.get("TRAINING_JOB_NAME")
+    instance_type = resource.get("current_instance_type", "local")
+    try:
+        gpus = sum(1 for line in subprocess.check_output(["nvidia-smi", "--list-gpus"], text=True).splitlines()
+                   if line.startswith("GPU "))
+    except (OSError, subprocess.CalledProcessError):
+        gpus = 0
+    # multiprocessing.cpu_count() in the toolkit: the instance's cores; here the simulated host's share
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    mp_parameters = os.environ.get("SM_HP_MP_PARAMETERS")
+    if cfg["framework"] == "tensorflow":
+        if "_tuning_objective_metric" in hps:  # sagemaker_tensorflow_container.training.main
+            model_dir = hps.get("model_dir")
+            user_hps["model_dir"] = (model_dir if model_dir and str(model_dir).startswith("/opt/ml")
+                                     else f"{model_dir}/{job_name}/model")  # "None/<job>/model" without one
+        os.environ.update({"S3_REGION": os.environ["SAGEMAKER_REGION"], "TF_CPP_MIN_LOG_LEVEL": "1", "S3_USE_HTTPS": "1"})
+    training_env = {
+        "additional_framework_parameters": framework_params,
+        "channel_input_dirs": {name: str(data_dir / name) for name in input_data},
+        "current_host": current_host,
+        "current_instance_group": group,
+        "current_instance_group_hosts": next((g["hosts"] for g in groups if g["instance_group_name"] == group), []),
+        "current_instance_type": instance_type,
+        "distribution_hosts": distribution_hosts,
+        "distribution_instance_groups": distribution_groups,
+        "framework_module": os.environ.get("SAGEMAKER_TRAINING_MODULE"),
+        "hosts": hosts,
+        "hyperparameters": user_hps,
+        "input_config_dir": str(config_dir),
+        "input_data_config": input_data,
+        "input_dir": str(base / "input"),
+        "instance_groups": [g["instance_group_name"] for g in groups],
+        "instance_groups_dict": {g["instance_group_name"]: g for g in groups},
+        "is_hetero": len(groups) > 1,
+        "is_master": current_host == master,
+        "is_modelparallel_enabled": mp_parameters and mp_parameters != "{}",
+        "is_smddpmprun_installed": shutil.which("smddpmprun") is not None,
+        "is_smddprun_installed": shutil.which("smddprun") is not None,
+        "job_name": job_name,
+        "log_level": sagemaker_hps.get("sagemaker_container_log_level", 20),
+        "master_hostname": master,
+        "model_dir": str(base / "model"),
+        "module_dir": str(sagemaker_hps.get("sagemaker_submit_directory", str(code_dir))),
+        "module_name": program[:-3] if program.endswith(".py") else program,
+        "network_interface_name": resource.get("network_interface_name", "eth0"),
+        "num_cpus": cpus,
+        "num_gpus": gpus,
+        "num_neurons": 64 if "trn2.48xlarge" in instance_type else 0,  # no neuron-ls here
+        "output_data_dir": str(output_dir / "data"),
+        "output_dir": str(output_dir),
+        "output_intermediate_dir": str(output_dir / "intermediate"),
+        "resource_config": resource,
+        "topology": resource.get("topology", []),
+        "user_entry_point": program,
+    }
+
+    def text(value: Any) -> str:  # mapping.to_env_vars
+        if value is None:
+            return ""
+        if isinstance(value, str):
+            return value
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+    def cmd_arg(value: Any) -> str:  # mapping.to_cmd_args
+        if hasattr(value, "items"):
+            return ",".join(f"{k}={v}" for k, v in sorted(value.items()))
+        return "" if value is None else str(value)
+
+    args = []
+    for key in sorted(user_hps):
+        args += [f"--{key}" if len(key) > 1 else f"-{key}", cmd_arg(user_hps[key])]
+    env_vars = {
+        f"SM_{k.upper()}": text(v) for k, v in {
+            "hosts": hosts, "network_interface_name": training_env["network_interface_name"], "hps": user_hps,
+            "user_entry_point": program, "framework_params": framework_params, "resource_config": resource,
+            "input_data_config": input_data, "output_data_dir": training_env["output_data_dir"],
+            "channels": sorted(input_data), "current_host": current_host, "current_instance_type": instance_type,
+            "current_instance_group": group, "current_instance_group_hosts": training_env["current_instance_group_hosts"],
+            "instance_groups": training_env["instance_groups"], "instance_groups_dict": training_env["instance_groups_dict"],
+            "distribution_instance_groups": distribution_groups, "is_hetero": training_env["is_hetero"],
+            "module_name": training_env["module_name"], "log_level": training_env["log_level"],
+            "framework_module": training_env["framework_module"], "input_dir": training_env["input_dir"],
+            "input_config_dir": training_env["input_config_dir"], "output_dir": training_env["output_dir"],
+            "num_cpus": cpus, "num_gpus": gpus, "num_neurons": training_env["num_neurons"],
+            "model_dir": training_env["model_dir"], "module_dir": training_env["module_dir"],
+            "training_env": training_env, "user_args": args,
+            "output_intermediate_dir": training_env["output_intermediate_dir"],
+            **{f"channel_{name}": path for name, path in training_env["channel_input_dirs"].items()},
+            **{f"hp_{key}": value for key, value in user_hps.items()},
+        }.items()
+    }
+
+    def resolve_hosts() -> None:  # entry_point._dns_lookup, retried as the toolkit does
+        for host in hosts:
+            deadline, delay = time.monotonic() + 15 * 60, 0.1
+            while True:
+                try:
+                    socket.gethostbyname(host)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(delay)
+                    delay = min(delay * 2, 30.0)
+
+    def fail(message: str) -> int:  # trainer.train: a ClientError
+        failure = output_dir / "failure"
+        if not failure.exists():
+            failure.write_text(message)
+        log("Reporting training FAILURE", "ERROR")
+        log(message, "ERROR")
+        log("Encountered exit_code 1", "ERROR")
+        return 1
+
+    def check_error(cmd: list[str], error_class: str) -> int:  # process.check_error(capture_error=True)
+        proc = subprocess.Popen(["/bin/sh", "-c", " ".join(cmd)], cwd=code_dir, env=os.environ.copy(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+        outputs: list[list[str]] = [[], []]
+
+        def watch(stream: Any, output: list[str]) -> None:
+            started = False
+            for line in stream:
+                line = line.rstrip("\n")
+                print(line, flush=True)
+                if started:
+                    if line not in output:
+                        output.append(line.strip(" :\n") + "\n")
+                elif any(name in line for name in _TOOLKIT_ERROR_NAMES):
+                    started = True
+                    output.append(line.strip(" :\n") + "\n")
+
+        readers = [threading.Thread(target=watch, args=(s, o)) for s, o in zip((proc.stdout, proc.stderr), outputs, strict=True)]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join()
+        code = proc.wait()
+        if code == 0:
+            return 0
+        stderr = " ".join(" ".join(o) for o in outputs)
+        stderr = "\n".join(dict.fromkeys(stderr.split("\n"))).strip()
+        extra = '\nExtraInfo "OutOfMemory: Process killed by SIGKILL (signal 9)"' if code == 137 else ""
+        return fail(f'{error_class}:\nExitCode {code}\nErrorMessage "{stderr}"{extra}\nCommand "{" ".join(cmd)}"'.strip())
+
+    try:
+        log(f"Imported framework {cfg['framework_module'].split(':')[0]}")
+        resolve_hosts()  # the PyTorch toolkit's, then entry_point.run's own
+        if cfg["framework"] == "pytorch":
+            os.environ.update({"NCCL_SOCKET_IFNAME": training_env["network_interface_name"], "NCCL_IB_DISABLE": "1",
+                               "NCCL_DEBUG": "WARN", "MASTER_ADDR": master, "MASTER_PORT": "7777"})
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+                os.environ["SM_DLC_TORCH_VERSION"] = importlib.metadata.version("torch")
+        log("Invoking user training script.")
+        python = sys.executable
+        if program.endswith(".py") and (code_dir / "requirements.txt").exists():
+            log("Installing dependencies from requirements.txt")
+            if check_error([python, "-m", "pip", "install", "-r", "requirements.txt"], "InstallRequirementsError"):
+                return 1
+        elif not program.endswith(".py"):
+            os.chmod(code_dir / program, 0o777)
+        search_path = [str(code_dir)] + [p for p in sys.path if p and p not in (cfg["hide_path"], str(code_dir))]
+        env_vars["PYTHONPATH"] = ":".join(search_path)  # environment.write_env_vars
+        os.environ.update(env_vars)
+        resolve_hosts()
+        if program.endswith(".py"):
+            cmd = [python, program, *args]
+        else:
+            cmd = ["/bin/sh", "-c", f'"./{program} {" ".join(shlex.quote(a) for a in args)}"']
+        log("Invoking user script\n\nTraining Env:\n\n" + json.dumps(training_env, indent=4)
+            + "\n\nEnvironment variables:\n\n" + "\n".join(f"{k}={v}" for k, v in env_vars.items())
+            + "\n\nInvoking script with the following command:\n\n" + " ".join(cmd) + "\n\n")
+        if check_error(cmd, "ExecuteUserScriptError"):
+            return 1
+    except Exception as exc:  # noqa: BLE001 - trainer.train: any other error is a framework error
+        import traceback as tb
+
+        failure = output_dir / "failure"
+        message = f"Framework Error: \n{tb.format_exc()}\n{exc}"
+        if not failure.exists():
+            failure.write_text(message)
+        log("Reporting training FAILURE", "ERROR")
+        log(message, "ERROR")
+        return int(getattr(exc, "errno", None) or 1)
+    log("Reporting training SUCCESS")
+    (output_dir / "success").write_text("")
+    return 0
 
 
 # ---------------------------------------------------------------------- module-level switch

@@ -1,4 +1,5 @@
-"""tests/fake_aws_apis.py: IAM's policy simulator and SageMaker's StopTrainingJob, added to moto.
+"""tests/fake_aws_apis.py: IAM's policy simulator, SageMaker's StopTrainingJob, and the tuning-job APIs
+(ListTrainingJobsForHyperParameterTuningJob, StopHyperParameterTuningJob), added to moto.
 
 Every case goes through a real boto3 client, so the XML (IAM) and JSON (SageMaker) that the
 fake writes are parsed by botocore against its own service models, as a real answer would be.
@@ -312,3 +313,115 @@ def test_stop_training_job(boto: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         name, "Failed", region=REGION, account=ACCOUNT))
     sm.stop_training_job(TrainingJobName="fails-while-stopping")
     assert sm.describe_training_job(TrainingJobName="fails-while-stopping")["TrainingJobStatus"] == "Failed"
+
+
+# --------------------------------------------------------------------------- tuning jobs' training jobs
+
+
+def _tuning_job_with_trials(boto: Any) -> tuple[Any, Any]:
+    """moto's tuning job `tune` (Maximize acc over lr) and its training jobs tune-001 (Completed,
+    acc 0.9), tune-002 (Failed, no metric), tune-003 (Completed, acc 0.95), tune-004 (running), as
+    tests/fake_sagemaker.py links them; returns (moto's backend, its tuning job)."""
+    from moto.sagemaker.models import sagemaker_backends
+
+    sm = boto.client("sagemaker")
+    sm.create_hyper_parameter_tuning_job(
+        HyperParameterTuningJobName="tune",
+        HyperParameterTuningJobConfig={
+            "Strategy": "Grid", "ResourceLimits": {"MaxParallelTrainingJobs": 1},
+            "HyperParameterTuningJobObjective": {"Type": "Maximize", "MetricName": "acc"},
+            "ParameterRanges": {"CategoricalParameterRanges": [{"Name": "lr", "Values": ["1", "2", "3", "4"]}]},
+        },
+        TrainingJobDefinition={
+            "StaticHyperParameters": {"epochs": "1"},
+            "AlgorithmSpecification": {"TrainingImage": "img", "TrainingInputMode": "File",
+                                       "MetricDefinitions": [{"Name": "acc", "Regex": "acc=(\\S+)"}]},
+            "RoleArn": f"arn:aws:iam::{ACCOUNT}:role/r", "OutputDataConfig": {"S3OutputPath": "s3://bucket/out"},
+            "ResourceConfig": {"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 1},
+            "StoppingCondition": {"MaxRuntimeInSeconds": 60},
+        },
+    )
+    backend = sagemaker_backends[ACCOUNT][REGION]
+    tuning = backend.hyper_parameter_tuning_jobs["tune"]
+    for number, (status, acc) in enumerate([("Completed", 0.9), ("Failed", None), ("Completed", 0.95),
+                                            ("InProgress", None)], 1):
+        name = f"tune-{number:03d}-0123abcd"
+        sm.create_training_job(
+            TrainingJobName=name, HyperParameters={"epochs": "1", "lr": str(number)},
+            AlgorithmSpecification={"TrainingImage": "img", "TrainingInputMode": "File"},
+            RoleArn=f"arn:aws:iam::{ACCOUNT}:role/r", OutputDataConfig={"S3OutputPath": "s3://bucket/out"},
+            ResourceConfig={"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 1},
+            StoppingCondition={"MaxRuntimeInSeconds": 60},
+        )
+        job = fake_aws_apis.set_training_job_status(name, status, region=REGION, account=ACCOUNT)
+        job.final_metric_data_list = [{"MetricName": "acc", "Value": acc, "Timestamp": job.creation_time}] if acc else []
+        if status == "Failed":
+            job.failure_reason = "AlgorithmError: boom"
+        fake_aws_apis.link_trial(job, tuning)
+    return backend, tuning
+
+
+def test_list_training_jobs_for_hyper_parameter_tuning_job(boto: Any) -> None:
+    sm = boto.client("sagemaker")
+    _tuning_job_with_trials(boto)
+    arn = sm.describe_training_job(TrainingJobName="tune-001-0123abcd")["TuningJobArn"]
+    assert arn == sm.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName="tune")["HyperParameterTuningJobArn"]
+    listed = sm.list_training_jobs_for_hyper_parameter_tuning_job(HyperParameterTuningJobName="tune")
+    summaries = listed["TrainingJobSummaries"]
+    assert [s["TrainingJobName"] for s in summaries] == [f"tune-00{i}-0123abcd" for i in (1, 2, 3, 4)]  # by Name
+    assert "NextToken" not in listed
+    first, failed, _, running = summaries
+    assert first["TuningJobName"] == "tune" and first["TrainingJobArn"].endswith(":training-job/tune-001-0123abcd")
+    assert first["TunedHyperParameters"] == {"lr": "1"}  # the tuned ones only
+    assert first["FinalHyperParameterTuningJobObjectiveMetric"] == {"Type": "Maximize", "MetricName": "acc", "Value": 0.9}
+    assert first["ObjectiveStatus"] == "Succeeded" and first["TrainingJobStatus"] == "Completed"
+    assert {"CreationTime", "TrainingStartTime", "TrainingEndTime"} <= set(first)
+    assert failed["ObjectiveStatus"] == "Failed" and failed["FailureReason"] == "AlgorithmError: boom"
+    assert "FinalHyperParameterTuningJobObjectiveMetric" not in failed
+    assert running["ObjectiveStatus"] == "Pending" and "TrainingEndTime" not in running
+    # Sorting, filtering, pages: as documented.
+    best = sm.list_training_jobs_for_hyper_parameter_tuning_job(
+        HyperParameterTuningJobName="tune", SortBy="FinalObjectiveMetricValue", SortOrder="Descending")
+    assert [s["TrainingJobName"][:8] for s in best["TrainingJobSummaries"]] == ["tune-003", "tune-001"]
+    completed = sm.list_training_jobs_for_hyper_parameter_tuning_job(HyperParameterTuningJobName="tune",
+                                                                     StatusEquals="Completed")
+    assert len(completed["TrainingJobSummaries"]) == 2
+    pages = list(sm.get_paginator("list_training_jobs_for_hyper_parameter_tuning_job").paginate(
+        HyperParameterTuningJobName="tune", SortBy="Status", PaginationConfig={"PageSize": 3}))
+    assert [len(p["TrainingJobSummaries"]) for p in pages] == [3, 1]
+    statuses = [s["TrainingJobStatus"] for p in pages for s in p["TrainingJobSummaries"]]
+    assert statuses == sorted(statuses)
+    with pytest.raises(ClientError) as err:
+        sm.list_training_jobs_for_hyper_parameter_tuning_job(HyperParameterTuningJobName="no-such-tuning-job")
+    assert err.value.response["Error"]["Code"] == "ResourceNotFound"
+
+
+def test_stop_hyper_parameter_tuning_job(boto: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    sm = boto.client("sagemaker")
+    _, tuning = _tuning_job_with_trials(boto)
+    with pytest.raises(ClientError) as err:  # moto's tuning jobs are Completed at once
+        sm.stop_hyper_parameter_tuning_job(HyperParameterTuningJobName="tune")
+    assert err.value.response["Error"]["Code"] == "ValidationException"
+    assert err.value.response["Error"]["Message"] == "The request was rejected because the tuning job is in status Completed."
+    tuning.hyper_parameter_tuning_job_status = "InProgress"
+    seen: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(fake_aws_apis, "on_stop", lambda name: seen.append(
+        (name, sm.describe_training_job(TrainingJobName=name)["TrainingJobStatus"],
+         sm.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName="tune")["HyperParameterTuningJobStatus"])))
+    sm.stop_hyper_parameter_tuning_job(HyperParameterTuningJobName="tune")
+    assert seen == [("tune-004-0123abcd", "Stopping", "Stopping")]  # only the running one, through the hook
+    described = sm.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName="tune")
+    assert described["HyperParameterTuningJobStatus"] == "Stopped" and "HyperParameterTuningEndTime" in described
+    statuses = {s["TrainingJobName"][:8]: s["TrainingJobStatus"] for s in sm.list_training_jobs_for_hyper_parameter_tuning_job(
+        HyperParameterTuningJobName="tune")["TrainingJobSummaries"]}
+    assert statuses == {"tune-001": "Completed", "tune-002": "Failed", "tune-003": "Completed", "tune-004": "Stopped"}
+    # A hook that takes the stop over (the fake SageMaker, running the trial) leaves both Stopping.
+    tuning.hyper_parameter_tuning_job_status = "InProgress"
+    fake_aws_apis.set_training_job_status("tune-004-0123abcd", "InProgress", region=REGION, account=ACCOUNT)
+    monkeypatch.setattr(fake_aws_apis, "on_stop", lambda name: True)
+    sm.stop_hyper_parameter_tuning_job(HyperParameterTuningJobName="tune")
+    assert sm.describe_training_job(TrainingJobName="tune-004-0123abcd")["TrainingJobStatus"] == "Stopping"
+    assert sm.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName="tune")["HyperParameterTuningJobStatus"] == "Stopping"
+    with pytest.raises(ClientError) as err:
+        sm.stop_hyper_parameter_tuning_job(HyperParameterTuningJobName="no-such-tuning-job")
+    assert err.value.response["Error"]["Code"] == "ResourceNotFound"

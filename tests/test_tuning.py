@@ -346,3 +346,42 @@ def test_more_trials_at_once_than_the_quota_allows_is_refused_before_anything_is
     assert sm.list_training_jobs()["TrainingJobSummaries"] == []
     s3 = original("s3")
     assert [o for b in s3.list_buckets()["Buckets"] for o in s3.list_objects_v2(Bucket=b["Name"]).get("Contents", [])] == []
+
+
+# --------------------------------------------------------------------------- slow: a tuning job on the fake
+
+
+@pytest.mark.slow
+def test_on_the_fake_service_each_trial_is_a_whole_distributed_job(no_aws, tmp_path, mnist_dir, capsys, monkeypatch):
+    """The workaround for sagemaker-python-sdk#5610, end to end: `tune(mode="sagemaker")` on 2
+    instances. The fake runs each trial as the image's toolkit does (test_fake_tuning.py shows the
+    SDK's tuner alone gets two worlds of one); with workshop_trial.py every trial is one world of 2
+    ranks, started by torchrun on both hosts, and the table is the service's own results."""
+    import fake_sagemaker
+    from test_fake_tuning import configuration, host_logs
+
+    from workshop.tuning import tune
+
+    monkeypatch.setenv("WORKSHOP_USER", "alice")
+    with fake_sagemaker.FakeSageMaker(workdir=tmp_path / "fake", start_skew_s=1.0) as fake:
+        result = tune(LAB, ["lr=0.02,0.05"], mode="sagemaker", hosts=2, parallel=2, data_dir=mnist_dir,
+                      hyperparameters={"epochs": 1, "max-steps": 8, "log-interval": 2})
+        out = capsys.readouterr().out
+        [record] = fake.tuning_jobs
+        assert record.status == "Completed" and len(record.trials) == 2
+        for trial in record.trials:
+            assert trial.status == "Completed" and trial.launch == "toolkit", trial.failure_reason
+            logs = host_logs(fake, trial.name)
+            assert sorted(logs) == ["algo-1", "algo-2"]
+            everything = [line for lines in logs.values() for line in lines]
+            assert any(line.startswith("workshop_trial: running sm_train.sh") for line in everything)
+            assert sum("torchrun --nnodes=2" in line for line in everything) == 2  # the SDK's driver, on each host
+            assert configuration(logs["algo-1"])["world_size"] == 2  # one world of 2, not two of 1
+            assert not any(line.startswith("Configuration: ") for line in logs["algo-2"])  # rank 1: no rank-0 lines
+            assert not any("--sagemaker_program" in line or "_tuning_objective_metric" in line for line in everything
+                           if "train.py" in line)  # the reserved entries never reach the script
+    assert result.tuning_job == record.name and [t.status for t in result.trials] == ["ok", "ok"]
+    best = max(result.trials, key=lambda t: t.metric)
+    assert result.best is best and record.best_training_job == best.job_name
+    assert f"tuning job {record.name}: Completed; best trial {best.job_name}" in out
+    assert re.search(rf"^{best.index} \*\s+{best.hyperparameters['lr']}\s+0\.\d{{4}}", out, re.MULTILINE), out

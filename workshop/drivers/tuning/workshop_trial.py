@@ -13,9 +13,11 @@ to the uploaded `sourcedir.tar.gz` next to the lab's code), so on every host the
 
 and this script then does what the standalone job's entrypoint does:
 
-1. drops the toolkit's own `sagemaker_*` entries from `/opt/ml/input/config/hyperparameters.json`
-   (the original is kept as `hyperparameters.toolkit.json`): `sm_train.sh` passes every entry of
-   that file to the lab's script as a flag, and the script knows none of them;
+1. drops the entries SageMaker reserves from `/opt/ml/input/config/hyperparameters.json` (the
+   original is kept as `hyperparameters.toolkit.json`): the toolkit's `sagemaker_*` and the tuning
+   service's `_tuning_objective_metric` (any key starting with `_`; no script flag does).
+   `sm_train.sh` passes every entry of that file to the lab's script as a flag, and the script
+   knows none of them;
 2. makes `/opt/ml/input/data/code` (where `sm_train.sh` looks for the code) the unpacked source
    dir, since a tuning job has no `code` channel;
 3. replaces itself with `bash /opt/ml/input/data/sm_drivers/sm_train.sh`.
@@ -34,7 +36,7 @@ CONFIG = Path("/opt/ml/input/config/hyperparameters.json")
 DRIVERS = Path("/opt/ml/input/data/sm_drivers")
 CODE_CHANNEL = Path("/opt/ml/input/data/code")
 FAILURE_FILE = Path("/opt/ml/output/failure")
-RESERVED_PREFIX = "sagemaker_"
+RESERVED_PREFIXES = ("sagemaker_", "_")  # the toolkit's, and the tuning service's (_tuning_objective_metric)
 
 
 def fail(message: str) -> None:
@@ -50,7 +52,7 @@ def main() -> None:
     if not train_script.is_file():
         fail(f"no {train_script}: the tuning job has no sm_drivers channel (SDK v3's HyperparameterTuner adds it).")
     hyperparameters = json.loads(CONFIG.read_text(encoding="utf-8"))
-    kept = {k: v for k, v in hyperparameters.items() if not k.startswith(RESERVED_PREFIX)}
+    kept = {k: v for k, v in hyperparameters.items() if not k.startswith(RESERVED_PREFIXES)}
     if kept != hyperparameters:
         CONFIG.with_name("hyperparameters.toolkit.json").write_text(json.dumps(hyperparameters), encoding="utf-8")
         partial = CONFIG.with_name(CONFIG.name + ".partial")
@@ -58,9 +60,7 @@ def main() -> None:
         os.replace(partial, CONFIG)
     if not CODE_CHANNEL.exists():
         CODE_CHANNEL.symlink_to(Path.cwd(), target_is_directory=True)
-    shown = {k: v for k, v in kept.items()}
-    print(f"workshop_trial: running sm_train.sh with the trial's hyperparameters {json.dumps(shown)}", flush=True)
-    sys.stdout.flush()
+    print(f"workshop_trial: running sm_train.sh with the trial's hyperparameters {json.dumps(kept)}", flush=True)
     os.execvp("bash", ["bash", str(train_script)])
 
 

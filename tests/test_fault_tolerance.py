@@ -143,6 +143,7 @@ def test_a_search_on_spot_is_refused(no_aws):
 
 def test_spot_jobs_are_checked_against_the_spot_quota():
     from conftest import quota_client, service_quota
+
     from workshop.cloud.preflight import check_quota
 
     quotas = [service_quota("ml.g5.xlarge for training job usage", 8, "L-OD"),

@@ -224,7 +224,8 @@ def recovery_line(records: list[dict[str, Any]]) -> str | None:
         return None
     parts = []
     for r in resumed:
-        lost = f", {r['lost_steps']} step(s) redone" if "lost_steps" in r else ""
+        lost = (f", {r['lost_steps']} step(s) redone" if "lost_steps" in r
+                else f", at least {r['lost_steps_at_least']} step(s) redone" if "lost_steps_at_least" in r else "")
         took = f", {r['recover_s']:.1f} s from the failure to training again" if "recover_s" in r else ""
         parts.append(f"resumed at step {r['resumed_step']}{lost}{took}")
     return f"recovered {len(resumed)} time(s): " + "; ".join(parts)

@@ -46,6 +46,20 @@ SHARED: dict[str, tuple[str, ...]] = {
     "check_args": (HVD_PT, HVD_TF),  # lab 2's two scripts take the same flags
     "distributed_env": (L3, L4),  # torchrun's variables, a world of one without them
     "set_gloo_interface": (L3, L4),
+    # Fault tolerance under torchrun --max-restarts: fault injection, atomic writes, the recovery report.
+    "FAULT_ENV": (L3, L4),
+    "parse_fault": (L3, L4),
+    "fault_problems": (L3, L4),
+    "restart_count": (L3, L4),
+    "elastic_store": (L3, L4),
+    "agreed_attempt": (L3, L4),
+    "fsync_dir": (L3, L4),
+    "write_atomic": (L3, L4),
+    "inject_fault": (L3, L4),
+    "write_progress": (L3, L4),
+    "read_recovery": (L3, L4),
+    "announce_resume": (L3, L4),
+    "report_recovery": (L3, L4),
     # The drivers (stdlib only, each runs alone on a training host).
     "DEFAULT_FAILURE_FILE": (HVD_DRIVER, PS_DRIVER),
     "is_loopback": (HVD_DRIVER, PS_DRIVER),

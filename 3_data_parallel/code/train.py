@@ -20,6 +20,19 @@ and `labels`), the model to SM_MODEL_DIR, checkpoints to SM_CHECKPOINT_DIR. Each
 local default so the script runs with no SageMaker around it. Ranks come from the
 launcher (RANK, WORLD_SIZE, LOCAL_RANK, ...); without one it is a world of one.
 
+Fault tolerance (under `torchrun --max-restarts K`, which restarts every rank when one dies):
+rank 0 writes `checkpoint.pt` in the checkpoint folder at the end of each epoch and, with
+`--checkpoint-every N`, after every N-th global step too (global steps: optimizer steps counted from
+1 across epochs). The file is replaced whole (written to `checkpoint.pt.tmp`, fsynced, renamed, the
+folder fsynced), so a crash mid-write leaves the previous checkpoint. It holds the position (whole
+epochs done, batches done of the next, the global step), the model, the optimizer and every rank's
+RNG state, so a run resumed mid-epoch sees exactly the batches and dropout an uninterrupted one
+would. On resume rank 0 prints `resumed from <checkpoint> at step <N> (restart <k>)` and, after the
+first step, `METRICS ... resumed_step=N lost_steps=L recover_s=S` (see `report_recovery`).
+`--fault kill-rank=R@step=N` (default: the environment variable WORKSHOP_FAULT) makes rank R SIGKILL
+itself after global step N (and that step's checkpoint, if one is due), on the first attempt only
+(see `parse_fault`, `inject_fault`).
+
 The lines that make it distributed carry a `DDP:` comment.
 Metric lines (`METRICS rank=0 epoch=1 ... test_accuracy=0.97`) are what SageMaker's
 metric definitions and the workshop's local log parser read.
@@ -28,6 +41,7 @@ metric definitions and the workshop's local log parser read.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import hashlib
 import itertools
@@ -111,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="also checkpoint every this many global steps, mid-epoch included, so a restart loses fewer "
              "(0: only at the end of each epoch, as always)",
     )
+    g.add_argument(
+        "--fault", default=env(FAULT_ENV, ""), metavar="kill-rank=R@step=N",
+        help="fault injection: global rank R kills itself (SIGKILL) right after global step N, on the first "
+             "attempt only, to show a torchrun --max-restarts recovery (default: $WORKSHOP_FAULT; empty: none)",
+    )
     d = p.add_argument_group("SageMaker contract (defaults from SM_* variables)")
     d.add_argument("--train", default=env("SM_CHANNEL_TRAIN", "data/mnist/train"), help="train channel")
     d.add_argument("--test", default=env("SM_CHANNEL_TEST", "data/mnist/test"), help="test channel")
@@ -135,7 +154,7 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
 
     The message names each broken rule, then after "Fix:" what to do about each, so the
     workshop (and a reader of the job's log) can tell the user what to change. `fault` is the
-    WORKSHOP_FAULT to check (None: this process's environment variable).
+    fault to check (None: --fault, whose default is the environment variable WORKSHOP_FAULT).
     """
     problems, fixes = [], []
     default = build_parser().get_default
@@ -169,7 +188,7 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
         last_step = args.epochs * steps_per_epoch(args, world_size, train_samples)
     else:
         last_step = args.epochs * args.max_steps if args.max_steps else None
-    more, fault_fixes = fault_problems(os.environ.get(FAULT_ENV) if fault is None else fault, world_size, last_step)
+    more, fault_fixes = fault_problems(getattr(args, "fault", None) if fault is None else fault, world_size, last_step)
     problems += more
     fixes += fault_fixes
     if problems:
@@ -211,6 +230,20 @@ def load_channel(channel_dir: str, name: str) -> TensorDataset:
         images, labels = data["images"], data["labels"]
     x = (torch.from_numpy(images).float().div_(255.0).sub_(MNIST_MEAN).div_(MNIST_STD)).unsqueeze(1)
     return TensorDataset(x, torch.from_numpy(labels).long())
+
+
+class SkipFirst(torch.utils.data.Sampler):
+    """The wrapped sampler's indices but the first `skip`: a run resumed mid-epoch trains on the rest of
+    the epoch's batches, the very ones an uninterrupted run would, without loading those it skips."""
+
+    def __init__(self, sampler, skip: int = 0):
+        self.sampler, self.skip = sampler, skip
+
+    def __iter__(self):
+        return itertools.islice(iter(self.sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.sampler) - self.skip)
 
 
 # ----------------------------------------------------------------------------- distributed
@@ -306,7 +339,8 @@ def save_atomic(obj, path: Path) -> None:
 # ----------------------------------------------------------------------------- fault tolerance
 # Under torchrun's elastic agent (`--max-restarts K`) a dead rank makes the agent restart every
 # rank (TORCHELASTIC_RESTART_COUNT = 1, 2, ...), and the script resumes from its newest complete
-# checkpoint. WORKSHOP_FAULT injects such a failure; the helpers below are the same in labs 3 and 4.
+# checkpoint. --fault (default: the environment variable WORKSHOP_FAULT) injects such a failure; the
+# helpers below are the same in labs 3 and 4.
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
@@ -315,7 +349,7 @@ FAULT_ENV = "WORKSHOP_FAULT"
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def parse_fault(text: str | None) -> tuple[int, int] | None:
-    """The fault that WORKSHOP_FAULT asks for, as (rank, step); None when it is unset or blank.
+    """The fault that `text` (--fault, by default WORKSHOP_FAULT) asks for, as (rank, step); None when blank.
 
     `kill-rank=R@step=N`: the process whose global RANK is R kills itself with SIGKILL right after
     it finishes global step N, on the first attempt only (see `inject_fault`). Global steps are the
@@ -327,16 +361,17 @@ def parse_fault(text: str | None) -> tuple[int, int] | None:
     match = re.fullmatch(r"kill-rank=(\d+)@step=(\d+)", text)
     if not match or int(match[2]) < 1:
         raise ValueError(
-            f"{FAULT_ENV}={text!r} is not a fault this script can inject: the form is kill-rank=R@step=N, "
-            f"R a global rank and N a global training step counted from 1. Fix: set {FAULT_ENV} to, "
-            f"e.g., kill-rank=1@step=30, or unset it."
+            f"the fault {text!r} (--fault, or {FAULT_ENV}) is not one this script can inject: the form is "
+            "kill-rank=R@step=N, R a global rank and N a global training step counted from 1. Fix: pass --fault "
+            f"(or set {FAULT_ENV}) as, e.g., kill-rank=1@step=30, or leave it out."
         )
     return int(match[1]), int(match[2])
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def fault_problems(text: str | None, world_size: int, last_step: int | None) -> tuple[list[str], list[str]]:
-    """check_args' rules for WORKSHOP_FAULT, as (problems, fixes): both empty when it is unset or fine.
+    """check_args' rules for the fault (--fault, or WORKSHOP_FAULT), as (problems, fixes): both empty when
+    there is none or it is fine.
 
     `last_step` is the run's last global step (None when it cannot be known before the data is read).
     """
@@ -349,18 +384,52 @@ def fault_problems(text: str | None, world_size: int, last_step: int | None) -> 
         return [], []
     (rank, step), problems, fixes = fault, [], []
     if rank >= world_size:
-        problems.append(f"{FAULT_ENV}={text} names rank {rank}, but a world of {world_size} has ranks 0 to {world_size - 1}")
-        fixes.append(f"name a rank from 0 to {world_size - 1} in {FAULT_ENV}")
+        problems.append(f"the fault {text} names rank {rank}, but a world of {world_size} has ranks 0 to {world_size - 1}")
+        fixes.append(f"name a rank from 0 to {world_size - 1} in --fault (or {FAULT_ENV})")
     if last_step is not None and step > last_step:
-        problems.append(f"{FAULT_ENV}={text} names step {step}, past the run's last step, {last_step}")
-        fixes.append(f"name a step from 1 to {last_step} in {FAULT_ENV}, or train for more steps")
+        problems.append(f"the fault {text} names step {step}, past the run's last step, {last_step}")
+        fixes.append(f"name a step from 1 to {last_step} in --fault (or {FAULT_ENV}), or train for more steps")
     return problems, fixes
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def restart_count() -> int:
-    """How many times torchrun's elastic agent has restarted this job's ranks: 0 on the first attempt."""
+    """How many times this host's torchrun agent has restarted its ranks because of a failure it saw (0 on
+    the first attempt). A host whose ranks are restarted because a rank on another host died keeps its
+    count (torch.distributed.elastic), so hosts can disagree: see elastic_store and agreed_attempt."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def elastic_store(timeout: timedelta) -> tuple[dict, int]:
+    """(init_process_group's store arguments, this rank's attempt: 0 on the first), under torchrun.
+
+    torchrun's elastic agent keeps one TCPStore for all attempts (TORCHELASTIC_USE_AGENT_STORE=True,
+    torch 2.13), so the ranks of a restarted attempt would find the keys the failed attempt left in
+    it and connect to a dead rank's address ("Gloo connectFullMesh failed ... Connection refused";
+    NCCL's counterpart is pytorch/pytorch#167288). So each rank counts its own starts in that store
+    (every attempt starts every rank once, on every host, whatever each host's restart_count says)
+    and a restarted attempt's ranks meet under keys of their own. On the first attempt, and without
+    the agent's store: torchrun's own arguments ({}).
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}, restart_count()
+    rank, world_size, _, _ = distributed_env()
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    attempt = store.add(f"workshop/starts/rank-{rank}", 1) - 1
+    if attempt == 0:
+        return {}, 0
+    return {"store": dist.PrefixStore(f"workshop/attempt-{attempt}", store), "rank": rank, "world_size": world_size}, attempt
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def agreed_attempt(attempt: int, device: torch.device, distributed: bool) -> int:
+    """The attempt number every rank uses: the largest any rank counted (hosts' restart counts can differ)."""
+    if not distributed:
+        return attempt
+    value = torch.tensor([attempt], dtype=torch.int64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return int(value.item())
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
@@ -399,44 +468,45 @@ def write_atomic(path: Path, write, durable: bool = True) -> None:
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
-def inject_fault(fault: tuple[int, int] | None, rank: int, step: int, checkpoint_dir: str | Path) -> None:
-    """If `fault` (from parse_fault) names this rank and the global step it just finished, and this is
-    the first attempt (a restarted job must not fail again), die as a crashing host would: SIGKILL,
+def inject_fault(fault: tuple[int, int] | None, rank: int, step: int, checkpoint_dir: str | Path, text: str,
+                 attempt: int) -> None:
+    """If `fault` (parse_fault's reading of `text`) names this rank and the global step it just finished, and
+    `attempt` is the first (0: a restarted job must not fail again), die as a crashing host would: SIGKILL,
     no exception, no clean-up, no exit code of its own. Before that, one line on stdout and the
     record `fault.json` in the checkpoint folder (rank, step, wall-clock time), from which the resumed
     run counts the steps lost and the seconds it took to recover."""
-    if fault != (rank, step) or restart_count() > 0:
+    if fault != (rank, step) or attempt > 0:
         return
-    text = os.environ.get(FAULT_ENV)
     record = {"rank": rank, "step": step, "time": time.time(), "attempt": 0, "fault": text}
     Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
     write_atomic(Path(checkpoint_dir) / "fault.json", lambda f: f.write(json.dumps(record).encode()))
-    print(f"FAULT: killing rank {rank} at step {step} ({FAULT_ENV}={text})", flush=True)
+    source = f"{FAULT_ENV}={text}" if os.environ.get(FAULT_ENV) == text else f"--fault {text}"
+    print(f"FAULT: killing rank {rank} at step {step} ({source})", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
-def write_progress(checkpoint_dir: str | Path, step: int) -> None:
+def write_progress(checkpoint_dir: str | Path, step: int, attempt: int) -> None:
     """Rank 0's last finished global step, as `progress.json` in the checkpoint folder: how a resumed run
     knows how far the failed attempt got. Rewritten every log interval, so not fsynced: it has to
     survive the process, not the machine."""
-    record = {"step": step, "time": time.time(), "attempt": restart_count()}
+    record = {"step": step, "time": time.time(), "attempt": attempt}
     Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
     write_atomic(Path(checkpoint_dir) / "progress.json", lambda f: f.write(json.dumps(record).encode()), durable=False)
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
-def read_recovery(checkpoint_dir: str | Path, resumed_step: int) -> dict:
-    """What the attempt before this one left behind, measured against the checkpoint this one resumes from.
+def read_recovery(checkpoint_dir: str | Path, resumed_step: int, attempt: int) -> dict:
+    """What the attempt before `attempt` left behind, measured against the checkpoint this one resumes from.
 
     `last_step`: the failed attempt's last finished global step; `lost_steps`: last_step minus
     `resumed_step`, the steps to do again; `exact`: whether last_step is exact (from the fault record:
     no rank can finish a step past the one a peer died after, since every step needs every rank) or a
     lower bound (rank 0's progress record, written every log interval); `fault_time`: when the
     injected fault struck (time.time() of the dying rank), else None. Records of another attempt than
-    the previous one are not used; what is unknown is None.
+    the previous one are not used; what is unknown is None. `attempt` is passed on, for the report.
     """
-    folder, attempt = Path(checkpoint_dir), restart_count()
+    folder = Path(checkpoint_dir)
     records = {}
     for name in ("fault", "progress"):
         try:
@@ -455,6 +525,7 @@ def read_recovery(checkpoint_dir: str | Path, resumed_step: int) -> dict:
         "lost_steps": None if last is None else max(0, last - resumed_step),
         "exact": fault is not None,
         "fault_time": fault["time"] if fault is not None else None,
+        "attempt": attempt,
     }
 
 
@@ -462,9 +533,9 @@ def read_recovery(checkpoint_dir: str | Path, resumed_step: int) -> dict:
 def announce_resume(checkpoint: str | Path | None, step: int, recovery: dict) -> None:
     """Rank 0's lines on resuming: the checkpoint, its step, the restart, and the steps lost."""
     if checkpoint is None:
-        print(f"no checkpoint to resume from: restart {restart_count()} starts again at step 0", flush=True)
+        print(f"no checkpoint to resume from: restart {recovery['attempt']} starts again at step 0", flush=True)
     else:
-        print(f"resumed from {checkpoint} at step {step} (restart {restart_count()})", flush=True)
+        print(f"resumed from {checkpoint} at step {step} (restart {recovery['attempt']})", flush=True)
     if recovery["lost_steps"] is not None:
         source = "its fault record" if recovery["exact"] else "rank 0's progress record, so at least that many"
         print(f"{recovery['lost_steps']} step(s) to do again: the failed attempt had finished step "
@@ -476,7 +547,7 @@ def report_recovery(recovery: dict, resumed_step: int, step: int | None) -> None
     """A resumed run's METRICS line, once its first step (`step`; None when none was left) is done:
     restart, resumed_step, lost_steps (exact) or lost_steps_at_least (from the progress record), and
     recover_s, the seconds from the injected fault to the end of that first step."""
-    values = {"rank": 0, "step": resumed_step if step is None else step, "restart": restart_count(),
+    values = {"rank": 0, "step": resumed_step if step is None else step, "restart": recovery["attempt"],
               "resumed_step": resumed_step}
     if recovery["lost_steps"] is not None:
         values["lost_steps" if recovery["exact"] else "lost_steps_at_least"] = recovery["lost_steps"]
@@ -486,6 +557,42 @@ def report_recovery(recovery: dict, resumed_step: int, step: int | None) -> None
 
 
 # ----------------------------------------------------------------------------- training
+
+
+def save_checkpoint(path: Path, model, optimizer, position: dict, batch_size: int, rank: int, world_size: int) -> None:
+    """Every rank calls it: rank 0 writes `path` (checkpoint.pt) atomically and durably (write_atomic).
+
+    `position`: {"epoch": whole epochs done, "batch": batches done of the next one, "step": global
+    step}. With the model and optimizer go every rank's RNG state (dropout), so a resumed run draws
+    what an uninterrupted one would; the sampler needs none (its shuffle is a function of the seed
+    and the epoch). One file replaced whole: a crash leaves the previous checkpoint or this one.
+    """
+    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+    rngs = [rng]
+    if world_size > 1:
+        rngs = [None] * world_size
+        dist.all_gather_object(rngs, rng)  # DDP: every rank's RNG state, for rank 0 to save
+    if rank == 0:
+        state = {**position, "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(), "rng": rngs,
+                 "world_size": world_size, "batch_size": batch_size}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, lambda f: torch.save(state, f))
+    if world_size > 1:
+        dist.barrier()  # DDP: no rank goes on (or dies) before the checkpoint is complete
+
+
+def load_checkpoint(path: Path) -> dict | None:
+    """The checkpoint at `path`, None if there is none. It is complete by construction (write_atomic):
+    a crash mid-write leaves `checkpoint.pt.tmp`, which is never read, and the previous checkpoint."""
+    if not path.is_file():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def set_rng_state(rng: dict) -> None:
+    torch.set_rng_state(rng["cpu"])
+    if rng.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
 
 
 def evaluate(model, dataset, rank, world_size, device, batch_size=1000):
@@ -535,10 +642,14 @@ def main(argv=None) -> int:
         torch.cuda.set_device(device)
     backend, why = choose_backend(args.backend, cuda)
     distributed = world_size > 1
+    attempt = restart_count()  # 0, or how many times torchrun --max-restarts has restarted the ranks
     if distributed:
         set_gloo_interface(backend)  # DDP: gloo talks over the interface SageMaker names, not a guess
+        # DDP: a restarted attempt's ranks meet under keys of their own in torchrun's store
+        store_args, attempt = elastic_store(timedelta(minutes=10))
         # DDP: join the process group; torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT say how.
-        dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=10), **store_args)
+        attempt = agreed_attempt(attempt, device, distributed)  # DDP: one attempt number on every rank
 
     lr = args.lr * world_size if args.scale_lr else args.lr
     config = {
@@ -580,12 +691,12 @@ def main(argv=None) -> int:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=SkipFirst(sampler), drop_last=True)
 
     per_epoch = steps_per_epoch(args, world_size, len(train_set))
-    fault = parse_fault(os.environ.get(FAULT_ENV))  # check_args has checked it
+    fault = parse_fault(args.fault)  # check_args has checked it
     ckpt_dir = Path(args.checkpoint_dir)
     ckpt_path = ckpt_dir / "checkpoint.pt"
     state = [None]
     if rank == 0:
-        if restart_count() == 0:  # a fault record left by an earlier run is not this run's
+        if attempt == 0:  # a fault record left by an earlier run is not this run's
             with contextlib.suppress(FileNotFoundError):
                 (ckpt_dir / "fault.json").unlink()
         state = [load_checkpoint(ckpt_path)]
@@ -606,7 +717,7 @@ def main(argv=None) -> int:
         rngs = ckpt.get("rng") or [None]
         rng = rngs[rank] if len(rngs) == world_size else rngs[0]
         if rank == 0:
-            recovery = read_recovery(ckpt_dir, step)
+            recovery = read_recovery(ckpt_dir, step, attempt)
             announce_resume(ckpt_path, step, recovery)
             if skip:
                 print(f"Resumed from {ckpt_path} in epoch {start_epoch}, after its batch {skip} of {per_epoch}"
@@ -614,11 +725,12 @@ def main(argv=None) -> int:
                          "the epoch is split differently)" if resharded else "") + ".", flush=True)
             else:
                 print(f"Resumed from {ckpt_path} after epoch {ckpt['epoch']}.", flush=True)
-    elif restart_count() > 0 and rank == 0:
-        recovery = read_recovery(ckpt_dir, 0)
+    elif attempt > 0 and rank == 0:
+        recovery = read_recovery(ckpt_dir, 0, attempt)
         announce_resume(None, 0, recovery)
     if rng is not None and not skip:
         set_rng_state(rng)  # at an epoch's end: before the next epoch's loader draws its seed, as it did then
+        rng = None
     resumed_step = step
 
     test_loss = test_acc = float("nan")
@@ -633,7 +745,7 @@ def main(argv=None) -> int:
         if rng is not None:
             set_rng_state(rng)  # mid-epoch: after that draw, where the checkpoint took the state
             rng = None
-        for i, (x, y) in zip(range(first, per_epoch + 1), batches):
+        for i, (x, y) in zip(range(first, per_epoch + 1), batches, strict=False):
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
@@ -644,11 +756,11 @@ def main(argv=None) -> int:
             if i % args.log_interval == 0:
                 metrics(rank=rank, epoch=epoch, step=step, train_loss=loss.item())
                 if rank == 0:
-                    write_progress(ckpt_dir, step)
+                    write_progress(ckpt_dir, step, attempt)
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 save_checkpoint(ckpt_path, model, optimizer, {"epoch": epoch - 1, "batch": i, "step": step},
                                 args.batch_size, rank, world_size)
-            inject_fault(fault, rank, step, ckpt_dir)  # WORKSHOP_FAULT: die here, after this step (and its checkpoint)
+            inject_fault(fault, rank, step, ckpt_dir, args.fault, attempt)  # --fault: die here, after this step (and its checkpoint)
             if recovery is not None:  # the first step since the restart
                 report_recovery(recovery, resumed_step, step)
                 recovery = None
@@ -679,7 +791,7 @@ def main(argv=None) -> int:
         metrics(rank=0, final_test_accuracy=test_acc, final_test_loss=test_loss, weights_identical=int(identical))
         model_dir = Path(args.model_dir)
         model_dir.mkdir(parents=True, exist_ok=True)
-        torch.save(unwrap(model).state_dict(), model_dir / "model.pt")
+        save_atomic(unwrap(model).state_dict(), model_dir / "model.pt")  # never a torn model.pt
         (model_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         print(f"Saved the model and its configuration to {model_dir}.", flush=True)
 

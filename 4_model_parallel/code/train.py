@@ -37,6 +37,19 @@ SageMaker model-parallel image (`torch.sagemaker` importable), also calls `tsm.i
 The sharding itself is always PyTorch's FSDP2: SMP's own implementation hooks PyTorch's FSDP1
 `FullyShardedDataParallel`, which this script does not use, so SMP's code paths are not exercised.
 gloo on CPU, nccl on GPUs. The lines that make it distributed carry a `DIST:` comment.
+
+Fault tolerance (under `torchrun --max-restarts K`, which restarts every rank when one dies): with
+`--checkpoint-every N` every rank writes its own shard of the model and the AdamW state with
+torch.distributed.checkpoint every N steps and after the last, into `step-<N>.partial/`, which rank 0
+renames to `step-<N>/` once all are in, then points `latest` at it (see "sharded checkpoints"
+below). A run resumes from the newest complete checkpoint in --checkpoint-dir, at any world size (DCP
+reshards), with the data generator where it was, so it trains on the batches an uninterrupted run
+would; it prints `resumed from <checkpoint> at step <N> (restart <k>)` and, after its first step,
+`METRICS ... resumed_step=N lost_steps=L recover_s=S`. `--fault kill-rank=R@step=N` (default: the
+environment variable WORKSHOP_FAULT) makes rank R SIGKILL itself after step N (and that step's
+checkpoint, if one is due), on the first attempt only. The default, --checkpoint-every 0, writes no checkpoint, so the measurements stay free of
+checkpoint I/O. On several hosts, every rank must see the same checkpoint folder (a shared file
+system, as the local cluster's is) for a restart within the job to find every shard.
 """
 
 from __future__ import annotations
@@ -48,8 +61,12 @@ import json
 import math
 import os
 import platform
+import re
+import shutil
+import signal
 import sys
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -119,6 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend", choices=("auto", "gloo", "nccl"), default="auto",
         help="process-group backend; auto: nccl on GPUs, gloo on CPU",
     )
+    g.add_argument(
+        "--checkpoint-every", type=int, default=0,
+        help="write a sharded checkpoint (torch.distributed.checkpoint: each rank its own shard) every this "
+             "many steps and after the last one, and resume from the newest one (0: none; the measurements "
+             "stay free of checkpoint I/O)",
+    )
+    g.add_argument(
+        "--fault", default=env(FAULT_ENV, ""), metavar="kill-rank=R@step=N",
+        help="fault injection: global rank R kills itself (SIGKILL) right after global step N, on the first "
+             "attempt only, to show a torchrun --max-restarts recovery (default: $WORKSHOP_FAULT; empty: none)",
+    )
     s = p.add_argument_group("memory techniques")
     s.add_argument(
         "--sharding", choices=SHARDINGS, default="full_shard",
@@ -148,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--train", default=env("SM_CHANNEL_TRAIN", "data/corpus/train"), help="train channel")
     d.add_argument("--test", default=env("SM_CHANNEL_TEST", "data/corpus/test"), help="test channel")
     d.add_argument("--model-dir", default=env("SM_MODEL_DIR", "artifacts/model"), help="where rank 0 writes the model")
+    d.add_argument(
+        "--checkpoint-dir", default=env("SM_CHECKPOINT_DIR", "artifacts/checkpoints"),
+        help="step-<N>/ checkpoints and the `latest` pointer (--checkpoint-every); resume from the newest complete one",
+    )
     return p
 
 
@@ -184,11 +216,12 @@ def shard_group_size(args: argparse.Namespace, world_size: int, procs_per_host: 
 
 
 def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int | None = None,
-               procs_per_host: int = 1) -> None:
+               procs_per_host: int = 1, fault: str | None = None) -> None:
     """Checks the workshop also runs before it starts any process or job (raises ValueError).
 
     `train_samples` is the number of characters in the train channel. The message names each
-    broken rule, then after "Fix:" what to do about each.
+    broken rule, then after "Fix:" what to do about each. `fault` is the fault to check (None:
+    --fault, whose default is the environment variable WORKSHOP_FAULT).
     """
     problems, fixes = [], []
     default = build_parser().get_default
@@ -200,9 +233,9 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
     if args.lr <= 0:
         problems.append(f"--lr must be positive, got {args.lr}")
         fixes.append(f"set --lr to a positive number, e.g. {default('lr')} (its default)")
-    if args.threads < 0 or args.hybrid_shard_degree < 0:
-        problems.append("--threads and --hybrid-shard-degree must be 0 or more")
-        fixes.append("set --threads and --hybrid-shard-degree to 0 (their defaults) or more")
+    if args.threads < 0 or args.hybrid_shard_degree < 0 or args.checkpoint_every < 0:
+        problems.append("--threads, --hybrid-shard-degree and --checkpoint-every must be 0 or more")
+        fixes.append("set --threads, --hybrid-shard-degree and --checkpoint-every to 0 (their defaults) or more")
     if problems:
         raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
     smp = smp_settings(args)
@@ -242,6 +275,14 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
     if train_samples is not None and train_samples < args.seq_len + 2:
         problems.append(f"the train channel has {train_samples} characters, fewer than one sequence")
         fixes.append(f"set --seq-len to {max(1, train_samples - 2)} or less, or train on a larger corpus")
+    if args.checkpoint_every and args.sharding == "optimizer" and world_size > 1:
+        problems.append("--checkpoint-every with --sharding optimizer: ZeroRedundancyOptimizer's state is not one "
+                        "torch.distributed.checkpoint can save without gathering it on one rank first")
+        fixes.append("checkpoint with --sharding full_shard, shard_grad_op, hybrid_shard or no_shard, or set "
+                     "--checkpoint-every 0")
+    more, fault_fixes = fault_problems(getattr(args, "fault", None) if fault is None else fault, world_size, args.steps)
+    problems += more
+    fixes += fault_fixes
     if problems:
         raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
 
@@ -444,7 +485,8 @@ def metrics(**values) -> None:
 # ----------------------------------------------------------------------------- fault tolerance
 # Under torchrun's elastic agent (`--max-restarts K`) a dead rank makes the agent restart every
 # rank (TORCHELASTIC_RESTART_COUNT = 1, 2, ...), and the script resumes from its newest complete
-# checkpoint. WORKSHOP_FAULT injects such a failure; the helpers below are the same in labs 3 and 4.
+# checkpoint. --fault (default: the environment variable WORKSHOP_FAULT) injects such a failure; the
+# helpers below are the same in labs 3 and 4.
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
@@ -453,7 +495,7 @@ FAULT_ENV = "WORKSHOP_FAULT"
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def parse_fault(text: str | None) -> tuple[int, int] | None:
-    """The fault that WORKSHOP_FAULT asks for, as (rank, step); None when it is unset or blank.
+    """The fault that `text` (--fault, by default WORKSHOP_FAULT) asks for, as (rank, step); None when blank.
 
     `kill-rank=R@step=N`: the process whose global RANK is R kills itself with SIGKILL right after
     it finishes global step N, on the first attempt only (see `inject_fault`). Global steps are the
@@ -465,16 +507,17 @@ def parse_fault(text: str | None) -> tuple[int, int] | None:
     match = re.fullmatch(r"kill-rank=(\d+)@step=(\d+)", text)
     if not match or int(match[2]) < 1:
         raise ValueError(
-            f"{FAULT_ENV}={text!r} is not a fault this script can inject: the form is kill-rank=R@step=N, "
-            f"R a global rank and N a global training step counted from 1. Fix: set {FAULT_ENV} to, "
-            f"e.g., kill-rank=1@step=30, or unset it."
+            f"the fault {text!r} (--fault, or {FAULT_ENV}) is not one this script can inject: the form is "
+            "kill-rank=R@step=N, R a global rank and N a global training step counted from 1. Fix: pass --fault "
+            f"(or set {FAULT_ENV}) as, e.g., kill-rank=1@step=30, or leave it out."
         )
     return int(match[1]), int(match[2])
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def fault_problems(text: str | None, world_size: int, last_step: int | None) -> tuple[list[str], list[str]]:
-    """check_args' rules for WORKSHOP_FAULT, as (problems, fixes): both empty when it is unset or fine.
+    """check_args' rules for the fault (--fault, or WORKSHOP_FAULT), as (problems, fixes): both empty when
+    there is none or it is fine.
 
     `last_step` is the run's last global step (None when it cannot be known before the data is read).
     """
@@ -487,18 +530,52 @@ def fault_problems(text: str | None, world_size: int, last_step: int | None) -> 
         return [], []
     (rank, step), problems, fixes = fault, [], []
     if rank >= world_size:
-        problems.append(f"{FAULT_ENV}={text} names rank {rank}, but a world of {world_size} has ranks 0 to {world_size - 1}")
-        fixes.append(f"name a rank from 0 to {world_size - 1} in {FAULT_ENV}")
+        problems.append(f"the fault {text} names rank {rank}, but a world of {world_size} has ranks 0 to {world_size - 1}")
+        fixes.append(f"name a rank from 0 to {world_size - 1} in --fault (or {FAULT_ENV})")
     if last_step is not None and step > last_step:
-        problems.append(f"{FAULT_ENV}={text} names step {step}, past the run's last step, {last_step}")
-        fixes.append(f"name a step from 1 to {last_step} in {FAULT_ENV}, or train for more steps")
+        problems.append(f"the fault {text} names step {step}, past the run's last step, {last_step}")
+        fixes.append(f"name a step from 1 to {last_step} in --fault (or {FAULT_ENV}), or train for more steps")
     return problems, fixes
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def restart_count() -> int:
-    """How many times torchrun's elastic agent has restarted this job's ranks: 0 on the first attempt."""
+    """How many times this host's torchrun agent has restarted its ranks because of a failure it saw (0 on
+    the first attempt). A host whose ranks are restarted because a rank on another host died keeps its
+    count (torch.distributed.elastic), so hosts can disagree: see elastic_store and agreed_attempt."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def elastic_store(timeout: timedelta) -> tuple[dict, int]:
+    """(init_process_group's store arguments, this rank's attempt: 0 on the first), under torchrun.
+
+    torchrun's elastic agent keeps one TCPStore for all attempts (TORCHELASTIC_USE_AGENT_STORE=True,
+    torch 2.13), so the ranks of a restarted attempt would find the keys the failed attempt left in
+    it and connect to a dead rank's address ("Gloo connectFullMesh failed ... Connection refused";
+    NCCL's counterpart is pytorch/pytorch#167288). So each rank counts its own starts in that store
+    (every attempt starts every rank once, on every host, whatever each host's restart_count says)
+    and a restarted attempt's ranks meet under keys of their own. On the first attempt, and without
+    the agent's store: torchrun's own arguments ({}).
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}, restart_count()
+    rank, world_size, _, _ = distributed_env()
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    attempt = store.add(f"workshop/starts/rank-{rank}", 1) - 1
+    if attempt == 0:
+        return {}, 0
+    return {"store": dist.PrefixStore(f"workshop/attempt-{attempt}", store), "rank": rank, "world_size": world_size}, attempt
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def agreed_attempt(attempt: int, device: torch.device, distributed: bool) -> int:
+    """The attempt number every rank uses: the largest any rank counted (hosts' restart counts can differ)."""
+    if not distributed:
+        return attempt
+    value = torch.tensor([attempt], dtype=torch.int64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return int(value.item())
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
@@ -537,44 +614,45 @@ def write_atomic(path: Path, write, durable: bool = True) -> None:
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
-def inject_fault(fault: tuple[int, int] | None, rank: int, step: int, checkpoint_dir: str | Path) -> None:
-    """If `fault` (from parse_fault) names this rank and the global step it just finished, and this is
-    the first attempt (a restarted job must not fail again), die as a crashing host would: SIGKILL,
+def inject_fault(fault: tuple[int, int] | None, rank: int, step: int, checkpoint_dir: str | Path, text: str,
+                 attempt: int) -> None:
+    """If `fault` (parse_fault's reading of `text`) names this rank and the global step it just finished, and
+    `attempt` is the first (0: a restarted job must not fail again), die as a crashing host would: SIGKILL,
     no exception, no clean-up, no exit code of its own. Before that, one line on stdout and the
     record `fault.json` in the checkpoint folder (rank, step, wall-clock time), from which the resumed
     run counts the steps lost and the seconds it took to recover."""
-    if fault != (rank, step) or restart_count() > 0:
+    if fault != (rank, step) or attempt > 0:
         return
-    text = os.environ.get(FAULT_ENV)
     record = {"rank": rank, "step": step, "time": time.time(), "attempt": 0, "fault": text}
     Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
     write_atomic(Path(checkpoint_dir) / "fault.json", lambda f: f.write(json.dumps(record).encode()))
-    print(f"FAULT: killing rank {rank} at step {step} ({FAULT_ENV}={text})", flush=True)
+    source = f"{FAULT_ENV}={text}" if os.environ.get(FAULT_ENV) == text else f"--fault {text}"
+    print(f"FAULT: killing rank {rank} at step {step} ({source})", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
-def write_progress(checkpoint_dir: str | Path, step: int) -> None:
+def write_progress(checkpoint_dir: str | Path, step: int, attempt: int) -> None:
     """Rank 0's last finished global step, as `progress.json` in the checkpoint folder: how a resumed run
     knows how far the failed attempt got. Rewritten every log interval, so not fsynced: it has to
     survive the process, not the machine."""
-    record = {"step": step, "time": time.time(), "attempt": restart_count()}
+    record = {"step": step, "time": time.time(), "attempt": attempt}
     Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
     write_atomic(Path(checkpoint_dir) / "progress.json", lambda f: f.write(json.dumps(record).encode()), durable=False)
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
-def read_recovery(checkpoint_dir: str | Path, resumed_step: int) -> dict:
-    """What the attempt before this one left behind, measured against the checkpoint this one resumes from.
+def read_recovery(checkpoint_dir: str | Path, resumed_step: int, attempt: int) -> dict:
+    """What the attempt before `attempt` left behind, measured against the checkpoint this one resumes from.
 
     `last_step`: the failed attempt's last finished global step; `lost_steps`: last_step minus
     `resumed_step`, the steps to do again; `exact`: whether last_step is exact (from the fault record:
     no rank can finish a step past the one a peer died after, since every step needs every rank) or a
     lower bound (rank 0's progress record, written every log interval); `fault_time`: when the
     injected fault struck (time.time() of the dying rank), else None. Records of another attempt than
-    the previous one are not used; what is unknown is None.
+    the previous one are not used; what is unknown is None. `attempt` is passed on, for the report.
     """
-    folder, attempt = Path(checkpoint_dir), restart_count()
+    folder = Path(checkpoint_dir)
     records = {}
     for name in ("fault", "progress"):
         try:
@@ -593,6 +671,7 @@ def read_recovery(checkpoint_dir: str | Path, resumed_step: int) -> dict:
         "lost_steps": None if last is None else max(0, last - resumed_step),
         "exact": fault is not None,
         "fault_time": fault["time"] if fault is not None else None,
+        "attempt": attempt,
     }
 
 
@@ -600,9 +679,9 @@ def read_recovery(checkpoint_dir: str | Path, resumed_step: int) -> dict:
 def announce_resume(checkpoint: str | Path | None, step: int, recovery: dict) -> None:
     """Rank 0's lines on resuming: the checkpoint, its step, the restart, and the steps lost."""
     if checkpoint is None:
-        print(f"no checkpoint to resume from: restart {restart_count()} starts again at step 0", flush=True)
+        print(f"no checkpoint to resume from: restart {recovery['attempt']} starts again at step 0", flush=True)
     else:
-        print(f"resumed from {checkpoint} at step {step} (restart {restart_count()})", flush=True)
+        print(f"resumed from {checkpoint} at step {step} (restart {recovery['attempt']})", flush=True)
     if recovery["lost_steps"] is not None:
         source = "its fault record" if recovery["exact"] else "rank 0's progress record, so at least that many"
         print(f"{recovery['lost_steps']} step(s) to do again: the failed attempt had finished step "
@@ -614,7 +693,7 @@ def report_recovery(recovery: dict, resumed_step: int, step: int | None) -> None
     """A resumed run's METRICS line, once its first step (`step`; None when none was left) is done:
     restart, resumed_step, lost_steps (exact) or lost_steps_at_least (from the progress record), and
     recover_s, the seconds from the injected fault to the end of that first step."""
-    values = {"rank": 0, "step": resumed_step if step is None else step, "restart": restart_count(),
+    values = {"rank": 0, "step": resumed_step if step is None else step, "restart": recovery["attempt"],
               "resumed_step": resumed_step}
     if recovery["lost_steps"] is not None:
         values["lost_steps" if recovery["exact"] else "lost_steps_at_least"] = recovery["lost_steps"]
@@ -702,10 +781,14 @@ def main(argv=None) -> int:
         torch.cuda.set_device(device)
     backend = args.backend if args.backend != "auto" else ("nccl" if cuda else "gloo")
     distributed = world_size > 1
+    attempt = restart_count()  # 0, or how many times torchrun --max-restarts has restarted the ranks
     if distributed:
         set_gloo_interface(backend)  # DIST: gloo talks over the interface SageMaker names, not a guess
+        # DIST: a restarted attempt's ranks meet under keys of their own in torchrun's store
+        store_args, attempt = elastic_store(timedelta(minutes=10))
         # DIST: join the process group; torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT say how
-        dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=10), **store_args)
+        attempt = agreed_attempt(attempt, device, distributed)  # DIST: one attempt number on every rank
     smp_library = init_smp(smp, rank) if smp else False
     use_bf16 = args.mixed_precision == "bf16" or (
         args.mixed_precision == "auto" and cuda and torch.cuda.is_bf16_supported()
@@ -746,10 +829,50 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(args.seed)  # the same batches on every rank; each takes its slice
     step_times, last_loss = [], 0.0
     measured = {}
-    for step in range(1, args.steps + 1):
+    start, recovery, fault = 0, None, parse_fault(args.fault)  # check_args has checked it
+    ckpt_dir = Path(args.checkpoint_dir)
+    found = [None]
+    if rank == 0:
+        if attempt == 0:  # a fault record left by an earlier run is not this run's
+            with contextlib.suppress(FileNotFoundError):
+                (ckpt_dir / "fault.json").unlink()
+        path = find_checkpoint(ckpt_dir)
+        if path is not None:
+            found = [(path.name, torch.load(path / "meta.pt", map_location="cpu", weights_only=True))]
+    if distributed:
+        dist.broadcast_object_list(found, src=0)  # DIST: rank 0 decides which checkpoint every rank loads
+    if found[0] is not None:
+        name, meta = found[0]
+        path = ckpt_dir / name  # each rank's own path to it (SM_CHECKPOINT_DIR may differ between hosts)
+        if meta["model"] != model_shape(args):
+            raise SystemExit(
+                f"The checkpoint {path} holds a model of shape {meta['model']}; this run builds {model_shape(args)}. "
+                "Fix: pass the model flags it was written with, or another --checkpoint-dir (or empty this one)."
+            )
+        if args.sharding == "optimizer" and distributed:
+            raise SystemExit(
+                f"The checkpoint {path} cannot be loaded into ZeroRedundancyOptimizer (--sharding optimizer), whose "
+                "state torch.distributed.checkpoint does not reshard. Fix: resume with --sharding full_shard, "
+                "shard_grad_op, hybrid_shard or no_shard, or pass another --checkpoint-dir."
+            )
+        load_checkpoint(path, model, optimizer)  # DIST: each rank reads what its shards need (resharding)
+        gen.set_state(meta["generator"])  # the batches an uninterrupted run would draw next
+        torch.set_rng_state(meta["torch_rng"])
+        start, last_loss = meta["step"], meta["last_loss"]
+        if rank == 0:
+            recovery = read_recovery(ckpt_dir, start, attempt)
+            announce_resume(path, start, recovery)
+            if meta["world_size"] != world_size:
+                print(f"The checkpoint was written by {meta['world_size']} rank(s); torch.distributed.checkpoint "
+                      f"resharded it over {world_size}.", flush=True)
+    elif attempt > 0 and rank == 0:
+        recovery = read_recovery(ckpt_dir, 0, attempt)
+        announce_resume(None, 0, recovery)
+    track = args.checkpoint_every > 0 or fault is not None  # progress records only where they can be used
+    for step in range(start + 1, args.steps + 1):
         x, y = batch(train, args.batch_size, args.seq_len, gen)
         x, y = x[rank * micro : (rank + 1) * micro].to(device), y[rank * micro : (rank + 1) * micro].to(device)  # DIST: this rank's slice
-        measure = step == min(2, args.steps)  # step 1 warms up the allocator and caches
+        measure = step == min(start + 2, args.steps)  # the first step warms up the allocator and caches
         if measure and cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
@@ -787,19 +910,33 @@ def main(argv=None) -> int:
         if step % args.log_interval == 0 or step == args.steps:
             if rank == 0:
                 metrics(rank=0, step=step, train_loss=last_loss)
+                if track:
+                    write_progress(ckpt_dir, step, attempt)
+        if args.checkpoint_every and (step % args.checkpoint_every == 0 or step == args.steps):
+            position = {"step": step, "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
+                        "last_loss": last_loss, "model": model_shape(args), "world_size": world_size,
+                        "sharding": args.sharding}
+            save_checkpoint(ckpt_dir, step, model, optimizer, position, rank, distributed)
+        inject_fault(fault, rank, step, ckpt_dir, args.fault, attempt)  # --fault: die here, after this step (and its checkpoint)
+        if recovery is not None:  # the first step since the restart
+            report_recovery(recovery, start, step)
+            recovery = None
+    if recovery is not None:  # resumed with no step left to do
+        report_recovery(recovery, start, None)
 
     test_loss, test_acc = evaluate(model, test, args, device, autocast)
     per_param = 4 + 4 + 8  # fp32 parameter + fp32 gradient + AdamW's exp_avg and exp_avg_sq
     full_state = n_params * per_param + n_tensors * 4  # + AdamW's fp32 `step` per tensor
-    state = measured["param_bytes"] + measured["grad_bytes"] + measured["optim_bytes"]
-    timed = step_times[1:] or step_times
-    metrics(
-        rank=rank, world_size=world_size, sharding=args.sharding, shard_group=shard,
-        checkpointing=int(args.activation_checkpointing), offloading=args.activation_offloading,
-        **measured, state_bytes=state, full_state_bytes=full_state, ideal_state_bytes=full_state // shard,
-        block_input_bytes=args.layers * micro * args.seq_len * args.d_model * 4,
-        step_time_s=sum(timed) / len(timed),
-    )
+    if measured:  # not when a resumed run had no step left to measure
+        state = measured["param_bytes"] + measured["grad_bytes"] + measured["optim_bytes"]
+        timed = step_times[1:] or step_times
+        metrics(
+            rank=rank, world_size=world_size, sharding=args.sharding, shard_group=shard,
+            checkpointing=int(args.activation_checkpointing), offloading=args.activation_offloading,
+            **measured, state_bytes=state, full_state_bytes=full_state, ideal_state_bytes=full_state // shard,
+            block_input_bytes=args.layers * micro * args.seq_len * args.d_model * 4,
+            step_time_s=sum(timed) / len(timed),
+        )
     if rank == 0:
         metrics(rank=0, final_train_loss=last_loss, test_loss=test_loss, test_accuracy=test_acc,
                 perplexity=math.exp(test_loss))
@@ -847,6 +984,107 @@ def save_model(model, args, config, rank):
         torch.save(state, model_dir / "model.pt")
         (model_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
         print(f"Saved the model and its configuration to {model_dir}.", flush=True)
+
+
+# ----------------------------------------------------------------------------- sharded checkpoints
+# <checkpoint-dir>/step-<N>/: one torch.distributed.checkpoint (DCP) folder per checkpoint, each rank's
+# shard in its own file plus DCP's `.metadata`, and rank 0's `meta.pt` (step, RNG, model shape).
+# Written as step-<N>.partial/ and renamed by rank 0 once every rank's shard is in; then `latest`
+# (the folder's name) is replaced atomically. A checkpoint is complete iff its folder has no
+# `.partial` suffix and holds `.metadata` and `meta.pt`: a crash at any moment leaves the previous
+# one loadable. DCP reshards on load, so a checkpoint written by N ranks loads on M.
+KEEP_CHECKPOINTS = 2  # the newest complete ones; older ones are deleted after each save
+
+
+def model_shape(args: argparse.Namespace) -> dict:
+    return {"layers": args.layers, "d_model": args.d_model, "heads": args.heads, "seq_len": args.seq_len}
+
+
+def is_complete(folder: Path) -> bool:
+    return (not folder.name.endswith(".partial") and (folder / ".metadata").is_file()
+            and (folder / "meta.pt").is_file())
+
+
+def find_checkpoint(checkpoint_dir: str | Path) -> Path | None:
+    """The checkpoint to resume from: the one `latest` names if it is complete, else the complete
+    step-<N> folder with the largest N; None if there is none. Partial folders are never chosen."""
+    folder = Path(checkpoint_dir)
+    try:
+        name = (folder / "latest").read_text().strip()
+    except OSError:
+        name = ""
+    if re.fullmatch(r"step-\d+", name) and is_complete(folder / name):
+        return folder / name
+    found = [(int(m[1]), p) for p in folder.glob("step-*") if (m := re.fullmatch(r"step-(\d+)", p.name))]
+    complete = [p for _, p in sorted(found, reverse=True) if is_complete(p)]
+    return complete[0] if complete else None
+
+
+def save_checkpoint(checkpoint_dir: str | Path, step: int, model, optimizer, meta: dict, rank: int,
+                    distributed: bool) -> Path:
+    """Every rank calls it; each writes its own shard of the model and optimizer (DCP)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    folder = Path(checkpoint_dir)
+    final, partial = folder / f"step-{step}", folder / f"step-{step}.partial"
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)  # what a crashed attempt left of the same step
+        partial.mkdir(parents=True)
+    if distributed:
+        dist.barrier()  # DIST: the folder is empty and there before any rank writes into it
+    # DIST: each rank's local shards (FSDP2's DTensors) with their place in the full tensors
+    model_state, optim_state = get_state_dict(model, optimizer)
+    # DIST: every rank writes its own file, fsynced; rank 0 then writes `.metadata` (the index of all)
+    with single_process_quiet():
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=partial)
+    if rank == 0:
+        # Every rank's file must be here: on hosts without a shared folder, each would hold only its own.
+        named = {info.relative_path for info in dcp.FileSystemReader(partial).read_metadata().storage_data.values()}
+        missing = sorted(named - {p.name for p in partial.iterdir()})
+        if missing:
+            raise RuntimeError(
+                f"The checkpoint {partial} lacks {', '.join(missing)}, which other ranks wrote into the checkpoint "
+                "folder of their own host: the hosts do not share one. Fix: give every host the same folder "
+                "(a shared file system: FSx for Lustre or EFS on SageMaker; the local cluster's --checkpoint-dir), "
+                "or set --checkpoint-every 0."
+            )
+        write_atomic(partial / "meta.pt", lambda f: torch.save(meta, f))
+        fsync_dir(partial)
+        if final.exists():  # a complete checkpoint of the same step, from before a resume: replaced
+            shutil.rmtree(final)
+        os.rename(partial, final)  # the checkpoint is complete from this instant
+        fsync_dir(folder)
+        write_atomic(folder / "latest", lambda f: f.write(final.name.encode()))
+        steps = sorted((int(p.name[5:]), p) for p in folder.glob("step-*") if re.fullmatch(r"step-\d+", p.name))
+        for _, old in steps[:-KEEP_CHECKPOINTS]:
+            shutil.rmtree(old, ignore_errors=True)
+        for old in folder.glob("step-*.partial"):  # no other save is under way: leftovers of crashes
+            shutil.rmtree(old, ignore_errors=True)
+    if distributed:
+        dist.barrier()  # DIST: no rank goes on (or dies) before the checkpoint is complete
+    return final
+
+
+@contextlib.contextmanager
+def single_process_quiet():
+    """DCP warns that it assumes a single process when there is no process group: here, that is the case."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def load_checkpoint(path: Path, model, optimizer) -> None:
+    """Every rank calls it: DCP reads the parts of every saved shard that this rank's shards cover,
+    whatever the world size that wrote them (resharding on load)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)  # this world's layout, to be filled
+    state = {"model": model_state, "optim": optim_state}
+    with single_process_quiet():
+        dcp.load(state, checkpoint_id=path)  # DIST: each rank reads the slices of the files it needs
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 if __name__ == "__main__":

@@ -132,18 +132,56 @@ SDK uploaded, and each CreateHyperParameterTuningJob run its training jobs (6. b
    limit). `fake_aws_apis` adds ListTrainingJobsForHyperParameterTuningJob and
    StopHyperParameterTuningJob (which stops the running trial as StopTrainingJob does, after
    which no other starts).
+7. **Managed spot training** (`EnableManagedSpotTraining`; a tuning job's definition may ask for it
+   too). The request is checked first (`validate_training_request`, `_check_spot`; ValidationException,
+   nothing recorded or run): MaxWaitTimeInSeconds only on a spot job ("Invalid MaxWaitTimeInSeconds.
+   It is only supported when EnableManagedSpotTraining is set to true", the service's words), a spot
+   job needs it, at least MaxRuntimeInSeconds (or its default of 1 day when that is not given), and
+   ResourceConfig.InstancePreferences is refused with spot. Then each spot job is interrupted
+   `spot_interruptions` times (`FakeSageMaker(spot_interruptions=N)`, env
+   FAKE_SAGEMAKER_SPOT_INTERRUPTIONS, default 0; an attribute, so `fake_sagemaker.active().
+   spot_interruptions = 1` changes a running fake). Each interruption: the fake waits until the
+   attempt's hosts have written a checkpoint (a file under the checkpoint folder they share that was
+   not there, or not so, when the attempt started; files still being written and the labs' progress
+   records do not count: `SPOT_NOT_CHECKPOINTS`), or, when none appears, `spot_checkpoint_wait_s`
+   (env FAKE_SAGEMAKER_SPOT_CHECKPOINT_WAIT_S, default 60) seconds into the attempt, and says which;
+   then every host gets SIGTERM (as StopTrainingJob stops them) and the local cluster stops what is
+   left as it stops any failed run; the checkpoint folder is uploaded to CheckpointConfig.S3Uri; the
+   job shows `Interrupted` and waits `spot_restart_wait_s` (env FAKE_SAGEMAKER_SPOT_RESTART_WAIT_S,
+   default 5) for "spot capacity" (on SageMaker minutes or hours, unknown in advance: not modelled);
+   then it starts again from nothing but what SageMaker gives a new attempt: new hosts (their own
+   folders, `<job>/attempt-N/`), the input channels downloaded again, the checkpoint folder
+   downloaded from S3 (`Starting`, `Downloading`, `Training` again, as the developer guide's "Managed
+   Spot Training Lifecycle" shows). The attempt after the last interruption runs to its end.
+   Each attempt's hosts log to new CloudWatch streams (`<job>/algo-N-<epoch seconds of that
+   attempt>`, as new instances do); metrics are read from every attempt's lines, in order.
+   MaxRuntimeInSeconds bounds the attempts' running time together, MaxWaitTimeInSeconds the whole
+   job, from its start, interruptions and waits included: past it the job is `Stopped`,
+   SecondaryStatus `MaxWaitTimeExceeded` (after `Stopping`), FailureReason "Training job reached
+   its MaxWaitTimeInSeconds of N s." (the fake's words, like its MaxRuntimeExceeded one).
+   **Billing**, as DescribeTrainingJob reports it: TrainingTimeInSeconds is the job's wall clock from
+   its start to its end (downloads, uploads and, on spot, the interruptions and the waits for
+   capacity included); BillableTimeInSeconds is, on demand, the same, and on spot the seconds the
+   hosts ran, summed over the attempts (each from the first host's start to the last one's stop),
+   so `1 - Billable / Training` is the share of the job's time no host ran. The spot price's
+   discount is NOT modelled (the fake knows no price): on SageMaker BillableTimeInSeconds is lower
+   still by that discount. `JobRun` records it all: `spot`, `interruptions`, `attempts` (each one's
+   host seconds, outcome, why it was reclaimed, its checkpoint files and log streams),
+   `training_time_s`, `billable_time_s`.
 
 What it does **not** simulate: the image itself (`TrainingImage` is recorded, never pulled:
 the job runs in this Python environment, and `JobRun.image_framework` says whether the image's
 framework version is the one installed here), GPUs (no host has one, so NCCL/smddp paths are
 never taken), IAM permissions of the job itself (the role is validated as the SDK does, but the
-job's own S3 and log access is not checked against it), KMS, spot, warm pools, retries,
+job's own S3 and log access is not checked against it), KMS, spot prices and real spot capacity
+(7.: interruptions come when the fake is told, and the wait for capacity is a fixed one), warm pools, retries,
 instance groups, Pipe mode, sharded or manifest channels, `SourceCode.command`, uncompressed
 model output, CloudWatch metrics (only the final values in DescribeTrainingJob), the
 InProgress phase (the job, or the tuning job, has ended before its Create call returns; a
 caller sees InProgress only from another thread), tuning jobs' trials at once
 (MaxParallelTrainingJobs is validated and reported, but trials never overlap: the simulated
-hosts share this machine's cores), Bayesian and Hyperband search, early stopping, and billing.
+hosts share this machine's cores), Bayesian and Hyperband search, early stopping, and prices
+(billing is reported in seconds only, 7.).
 Nothing leaves this process's AWS calls: moto intercepts every one of them. tests/README.md has
 the whole list of what CI proves and what it does not.
 """
@@ -181,6 +219,22 @@ CONTAINER_ROOT = "/opt/ml"
 DRIVERS_IN_CONTAINER = "/opt/ml/input/data/sm_drivers/"
 RESERVED_CHANNELS = ("code", "sm_drivers")
 DEFAULT_START_SKEW_S = 2.0
+# Managed spot training (7. in the module docstring): interruptions per spot job, and how long an
+# attempt may train before it is interrupted without a checkpoint.
+SPOT_INTERRUPTIONS_ENV = "FAKE_SAGEMAKER_SPOT_INTERRUPTIONS"
+SPOT_CHECKPOINT_WAIT_ENV = "FAKE_SAGEMAKER_SPOT_CHECKPOINT_WAIT_S"
+DEFAULT_SPOT_CHECKPOINT_WAIT_S = 60.0
+# After an interruption, how long the fake waits before it launches new hosts: the stand-in for the
+# wait for spot capacity (on SageMaker minutes to hours, and unknown in advance).
+SPOT_RESTART_WAIT_ENV = "FAKE_SAGEMAKER_SPOT_RESTART_WAIT_S"
+DEFAULT_SPOT_RESTART_WAIT_S = 5.0
+DEFAULT_MAX_RUNTIME_S = 24 * 3600  # StoppingCondition.MaxRuntimeInSeconds when not given (API reference: 1 day)
+# What the spot watcher does not take for a checkpoint in the checkpoint folder: a file still being
+# written (`*.tmp`, `*.tempstate*`, anything under a `*.partial` or `*_temp` folder: the labs' atomic
+# writes, torch.distributed.checkpoint's and TensorFlow's temporaries) and the labs' progress records,
+# rewritten every few steps (`progress.json`, `fault.json`).
+SPOT_NOT_CHECKPOINTS = ("*.tmp", "*.tempstate*", "progress.json", "fault.json")
+SPOT_NOT_CHECKPOINT_FOLDERS = ("*.partial", "*_temp")
 FAILURE_REASON_MAX = 1024  # DescribeTrainingJob's FailureReason is at most 1024 characters
 _LOG_BATCH = 1000  # events per PutLogEvents call (CloudWatch allows 10,000 and 1 MB)
 _TESTS_DIR = Path(__file__).resolve().parent  # the hosts import this module from here (the toolkit)
@@ -235,6 +289,19 @@ class JobRun:
     # "pytorch 2.13 (image) = 2.13.0 (here)" or "... != ...: not verified here"
     image_framework: str = ""
     runtime: str = ""  # the local cluster's runtime: "container" (sm_train.sh, algo-N) or "process"
+    # Managed spot training (7. in the module docstring): whether the job asked for it, how many
+    # times its hosts were reclaimed, and each attempt as it ran: {"attempt": 1, "hosts_s": seconds
+    # the attempt's hosts ran, "outcome": "interrupted", "completed", "failed", "stopped" or
+    # "timed out", "reclaimed": why then (spot only), "checkpoint_files": what its checkpoint folder
+    # held at its end, "log_streams": its CloudWatch streams}. Every job has one attempt at least.
+    spot: bool = False
+    interruptions: int = 0
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    # What DescribeTrainingJob reports: TrainingTimeInSeconds (wall clock from the job's start to its
+    # end, waiting between attempts included) and BillableTimeInSeconds (spot: the seconds its hosts
+    # ran, every attempt; on demand: the training time). No spot discount is modelled.
+    training_time_s: int | None = None
+    billable_time_s: int | None = None
 
 
 @dataclass
@@ -282,6 +349,18 @@ class _UploadedDriver:
 
 
 @dataclass
+class _Attempt:
+    """One attempt at a job (`FakeSageMaker._attempt`): what its hosts did, and how it ended."""
+
+    result: Any  # the local cluster's ClusterResult
+    checkpoint_dir: Path | None  # the hosts' checkpoint folder (the S3 URI's stand-in), if the job has one
+    lines: list[str]  # its log lines, without the local prefixes, in order
+    record: dict[str, Any]  # what JobRun.attempts shows of it
+    interrupted: bool  # the spot watcher reclaimed its hosts
+    timed_out: bool | str  # past its time limit ("run" or "wait" once `_run` knows which limit it was)
+
+
+@dataclass
 class _Launch:
     """How the local cluster runs one job: the sm_train.sh path or the framework toolkit path."""
 
@@ -326,11 +405,30 @@ class FakeSageMaker:
     `workdir`: where jobs run (default: a temporary folder, deleted by `stop()` unless
     `keep_runs`). `region`: the fake's region. The role it creates is `role_arn`, also exported
     as `WORKSHOP_ROLE_ARN`; `jobs` lists what it ran.
+
+    `spot_interruptions`: how many times each managed spot training job is interrupted (default:
+    env FAKE_SAGEMAKER_SPOT_INTERRUPTIONS, else 0); `spot_checkpoint_wait_s`: how long an attempt
+    may train without writing a checkpoint before it is interrupted anyway (default: env
+    FAKE_SAGEMAKER_SPOT_CHECKPOINT_WAIT_S, else 60 s); `spot_restart_wait_s`: how long, after an
+    interruption, the fake waits for "spot capacity" before it launches new hosts (default: env
+    FAKE_SAGEMAKER_SPOT_RESTART_WAIT_S, else 5 s). All three are attributes, read when a job starts (or
+    is interrupted), so a running fake can be changed (`fake_sagemaker.active().spot_interruptions = 1`).
     """
 
     def __init__(self, region: str = REGION, *, workdir: str | os.PathLike[str] | None = None, keep_runs: bool = False,
-                 start_skew_s: float | None = None):
+                 start_skew_s: float | None = None, spot_interruptions: int | None = None,
+                 spot_checkpoint_wait_s: float | None = None, spot_restart_wait_s: float | None = None):
         self.region = region
+        self.spot_interruptions = int(os.environ.get(SPOT_INTERRUPTIONS_ENV) or 0
+                                      if spot_interruptions is None else spot_interruptions)
+        self.spot_checkpoint_wait_s = float(os.environ.get(SPOT_CHECKPOINT_WAIT_ENV) or DEFAULT_SPOT_CHECKPOINT_WAIT_S
+                                            if spot_checkpoint_wait_s is None else spot_checkpoint_wait_s)
+        self.spot_restart_wait_s = float(os.environ.get(SPOT_RESTART_WAIT_ENV) or DEFAULT_SPOT_RESTART_WAIT_S
+                                         if spot_restart_wait_s is None else spot_restart_wait_s)
+        if self.spot_interruptions < 0 or self.spot_checkpoint_wait_s <= 0 or self.spot_restart_wait_s < 0:
+            raise ValueError(f"spot_interruptions and spot_restart_wait_s must be 0 or more, spot_checkpoint_wait_s "
+                             f"more than 0; got {self.spot_interruptions}, {self.spot_restart_wait_s} and "
+                             f"{self.spot_checkpoint_wait_s}.")
         # Instances of one job finish their set-up at different times: the last host starts this
         # late (env FAKE_SAGEMAKER_START_SKEW_S, default 2 s, so every multi-host job in CI meets it).
         self.start_skew_s = float(os.environ.get("FAKE_SAGEMAKER_START_SKEW_S", DEFAULT_START_SKEW_S)
@@ -480,10 +578,11 @@ class FakeSageMaker:
             keys = (
                 "TrainingJobName", "HyperParameters", "AlgorithmSpecification", "InputDataConfig",
                 "OutputDataConfig", "ResourceConfig", "StoppingCondition", "CheckpointConfig", "Environment",
-                "VpcConfig", "EnableNetworkIsolation",
+                "VpcConfig", "EnableNetworkIsolation", "EnableManagedSpotTraining",
             )
             # Copied before moto's backend sees it: moto replaces the MetricDefinitions.
             request = {key: copy.deepcopy(response._get_param(key)) for key in keys}
+            validate_training_request(request)  # ValidationException, as the service answers: nothing recorded
             result = original(response)
             job = response.sagemaker_backend.training_jobs[request["TrainingJobName"]]
             fake._execute(job, request, response.region)
@@ -579,6 +678,14 @@ class FakeSageMaker:
         job.secondary_status_transitions = transitions
         job.training_start_time, job.training_end_time, job.last_modified_time = started, ended, ended
         job.training_time_in_seconds = max(1, int((ended - started).total_seconds()))
+        # BillableTimeInSeconds: on demand, the training time; on spot, the seconds the hosts ran, over
+        # every attempt (`_run` measured them), never above the training time (a subinterval of it, on
+        # another clock). The spot price's discount is not modelled.
+        billable = job.training_time_in_seconds
+        if run.spot:
+            billable = min(billable, int(sum(a["hosts_s"] for a in run.attempts)))
+        job.billable_time_in_seconds = billable
+        run.training_time_s, run.billable_time_s = job.training_time_in_seconds, billable
         if reason:
             job.failure_reason = reason[:FAILURE_REASON_MAX]
         if run.model_artifact is None:
@@ -645,7 +752,8 @@ class FakeSageMaker:
                     "TrainingJobName": trial, "HyperParameters": dict(hyperparameters),
                     **{key: copy.deepcopy(definition.get(key)) for key in (
                         "AlgorithmSpecification", "InputDataConfig", "OutputDataConfig", "ResourceConfig",
-                        "StoppingCondition", "CheckpointConfig", "Environment", "VpcConfig", "EnableNetworkIsolation")},
+                        "StoppingCondition", "CheckpointConfig", "Environment", "VpcConfig", "EnableNetworkIsolation",
+                        "EnableManagedSpotTraining")},
                 }
                 job = backend.create_training_job(
                     training_job_name=trial, hyper_parameters=dict(hyperparameters),
@@ -736,9 +844,6 @@ class FakeSageMaker:
 
     def _run(self, job: Any, request: dict[str, Any], run: JobRun, boto: Any, transitions: list,
              stop: threading.Event) -> tuple[str, str, str | None]:
-        from workshop.metrics import CLUSTER_PREFIX
-        from workshop.runtime.local_cluster import LocalCluster, choose_runtime
-
         name = run.name
         workdir = Path(run.workdir)
         if workdir.exists():
@@ -792,89 +897,79 @@ class FakeSageMaker:
                         "(the code and sm_drivers channels), not bare training images."
                     )
 
-        # --- S3 in
-        transitions[-1]["EndTime"] = _now()
-        transitions.append({"Status": "Downloading", "StartTime": _now(), "StatusMessage": "Downloading input data"})
-        input_dir = workdir / "input"
-        local_channels: dict[str, Path] = {}
-        for channel_name, uri in channels.items():
-            dest = input_dir / channel_name
-            if _download_prefix(s3, uri, dest) == 0:
-                raise _JobError(f"ClientError: Data download failed: no objects under {uri} (channel {channel_name!r}).")
-            local_channels[channel_name] = dest
-        if toolkit:
-            launch = self._toolkit_launch(request, local_channels, workdir, s3, boto.region_name)
-        else:
-            launch = self._sm_train_launch(request, local_channels, command)
-        environment = dict(request.get("Environment") or {})
-        internet, network = self._internet_route(request, boto)
-        container = choose_runtime(launch.runtime)[0] == "container"  # the choice the cluster below makes
-        # Paths into /opt/ml are right inside the container runtime; the process runtime has no
-        # /opt/ml and sets those variables to each host's sandbox itself.
-        dropped = [] if container else sorted(k for k, v in environment.items() if str(v).startswith(CONTAINER_ROOT))
-        extra_env = {k: str(v) for k, v in environment.items() if k not in dropped}
-        extra_env["TRAINING_JOB_NAME"] = name  # SageMaker's value, not the local cluster's run name
+        # --- managed spot training: the job's time limits, and how many times it is interrupted
+        spot = bool(request.get("EnableManagedSpotTraining"))
+        stopping = request.get("StoppingCondition") or {}
+        max_run = stopping.get("MaxRuntimeInSeconds")
+        max_wait = stopping.get("MaxWaitTimeInSeconds") if spot else None
         checkpoint = request.get("CheckpointConfig") or {}
-        checkpoint_dir = None
-        if checkpoint.get("S3Uri"):
-            checkpoint_dir = workdir / "checkpoints-s3"
-            checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            _download_prefix(s3, checkpoint["S3Uri"], checkpoint_dir)
-        max_run = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
-        run.hosts, run.procs_per_host = hosts, launch.procs
-        run.hyperparameters = {k: safe_deserialize(v) for k, v in (request.get("HyperParameters") or {}).items()}
-        run.driver, run.launch = launch.driver, launch.kind
-        run.network = network
-        run.image_framework = image_framework_note(spec.get("TrainingImage") or "")
+        planned = self.spot_interruptions if spot else 0
+        run.spot = spot
+        if spot:
+            _say(f"job {name}: managed spot training, MaxWaitTimeInSeconds {max_wait}; the fake interrupts it "
+                 f"{planned} time(s), each once its hosts have written a checkpoint (or after "
+                 f"{self.spot_checkpoint_wait_s:g} s of training without one)"
+                 + ("" if checkpoint.get("S3Uri") else "; it has no CheckpointConfig, so each attempt starts afresh"))
 
-        # --- the run
-        transitions[-1]["EndTime"] = _now()
-        transitions.append({"Status": "Training", "StartTime": _now(), "StatusMessage": "Training in progress (local cluster)"})
-        _say(
-            f"job {name}: {hosts} simulated host(s) x {launch.procs} process(es), {launch.described}, "
-            f"hyperparameters {json.dumps(run.hyperparameters)}, channels {sorted(local_channels)}"
-            + f"; network: {network}; hosts start up to {self.start_skew_s:g} s apart; {run.image_framework}"
-            + (f"; not passed (container paths): {', '.join(dropped)}" if dropped else "")
-        )
-        if stop.is_set():
-            raise _JobError("")  # StopTrainingJob came first: nothing starts
-        start_epoch = int(time.time())
-        try:
-            cluster = LocalCluster(
-                launch.source_dir, launch.entry_script, hosts=hosts, procs_per_host=launch.procs,
-                distributed=launch.distributed, name=name, workdir=workdir / "hosts", extra_env=extra_env, echo=False,
-                internet=internet, start_skew_s=self.start_skew_s if hosts > 1 else 0.0,
-                sm_drivers_dir=launch.sm_drivers_dir, container_command=launch.command,
-                instance_type=resource.get("InstanceType"), runtime=launch.runtime,
-            )
-            done = threading.Event()
-            watcher = threading.Thread(target=_stop_when_asked, args=(name, stop, done), daemon=True)
-            watcher.start()
-            try:
-                result = cluster.run(
-                    launch.hyperparameters, local_channels, checkpoint_dir=checkpoint_dir,
-                    timeout_s=float(max_run) if max_run else None, check=False,
-                )
-            finally:
-                done.set()
-                watcher.join()
-        except Exception as exc:  # WorkshopError: e.g. no such entry script in the code channel
-            raise _JobError(f"AlgorithmError: {exc}") from None
-        run.runtime = result.runtime
-
-        # --- logs out, as SageMaker shows them: one stream per host, no local prefixes
-        per_host: dict[str, list[str]] = {host.name: [] for host in result.hosts}
+        # --- the attempts: one, or on spot one more after each interruption
+        t_job = time.monotonic()
         ordered: list[str] = []
-        for line in result.lines:
-            match = CLUSTER_PREFIX.match(line)
-            host = match["host"] if match else result.hosts[0].name
-            text = line[match.end() :] if match else line
-            per_host.setdefault(host, []).append(text)
-            ordered.append(text)
-        self._put_logs(boto, name, per_host, start_epoch)
-        run.log_lines = {host: len(lines) for host, lines in per_host.items()}
+        used_s = 0.0  # seconds the hosts ran, every attempt
+        attempt: _Attempt | None = None
+        # "run" or "wait": the limit that ended the job before another attempt could start ("stop": StopTrainingJob did)
+        out_of_time = None
+        while True:
+            number = len(run.attempts) + 1
+            run_left = max_run - used_s if max_run else None
+            wait_left = max_wait - (time.monotonic() - t_job) if max_wait else None
+            limits = [x for x in (run_left, wait_left) if x is not None]
+            timeout = min(limits) if limits else None
+            binding = "wait" if wait_left is not None and (run_left is None or wait_left < run_left) else "run"
+            if number > 1:
+                if timeout is not None and timeout <= 0:
+                    out_of_time = binding
+                    break
+                transitions[-1]["EndTime"] = _now()
+                transitions.append({"Status": "Starting", "StartTime": _now(),
+                                    "StatusMessage": "Launching the simulated hosts again, after the spot interruption"})
+            reclaim_after = self.spot_checkpoint_wait_s if run.interruptions < planned else None
+            attempt = self._attempt(number, workdir if number == 1 else workdir / f"attempt-{number}", request, run,
+                                    boto, transitions, stop, hosts=hosts, channels=channels, command=command,
+                                    toolkit=toolkit, timeout_s=timeout, reclaim_after_s=reclaim_after)
+            ordered += attempt.lines
+            used_s += attempt.result.wall_time_s
+            if not attempt.interrupted:
+                attempt.timed_out = attempt.timed_out and binding
+                break
+            # Interrupted: what the hosts had synced to S3 is there for the next attempt (the real sync is
+            # continuous; here the folder is uploaded whole once the hosts are gone).
+            run.interruptions += 1
+            if attempt.checkpoint_dir is not None and attempt.checkpoint_dir.is_dir():
+                _upload_dir(s3, attempt.checkpoint_dir, checkpoint["S3Uri"])
+            transitions[-1]["EndTime"] = _now()
+            transitions.append({"Status": "Interrupted", "StartTime": _now(), "StatusMessage": (
+                f"Training job interrupted: its spot instances were reclaimed (fake_sagemaker, interruption "
+                f"{run.interruptions} of {planned}: {attempt.record['reclaimed']})")})
+            # Waiting for spot capacity (the fake's stand-in: a fixed wait, within what is left of
+            # MaxWaitTimeInSeconds); StopTrainingJob ends the wait, and the job.
+            restart_wait = self.spot_restart_wait_s
+            if max_wait:
+                restart_wait = max(0.0, min(restart_wait, max_wait - (time.monotonic() - t_job)))
+            _say(f"job {name}: attempt {number} interrupted after {attempt.result.wall_time_s:.1f} s "
+                 f"({attempt.record['reclaimed']}); "
+                 + (f"its checkpoint folder ({', '.join(attempt.record['checkpoint_files']) or 'empty'}) is in "
+                    f"{checkpoint['S3Uri']}; " if checkpoint.get("S3Uri") else "no CheckpointConfig: nothing is kept; ")
+                 + f"waiting {restart_wait:g} s for spot capacity, then starting it again on new hosts")
+            if stop.wait(restart_wait):
+                out_of_time = "stop"  # StopTrainingJob while it waited: `_execute` ends the job Stopped
+                break
+        assert attempt is not None  # the first attempt always runs
+        result, checkpoint_dir = attempt.result, attempt.checkpoint_dir
+        if out_of_time in ("run", "wait"):
+            _say(f"job {name}: its Max{'WaitTime' if out_of_time == 'wait' else 'Runtime'}InSeconds has passed: "
+                 "no attempt starts after the interruption")
 
-        # --- metrics: the last value each MetricDefinitions regex matched
+        # --- metrics: the last value each MetricDefinitions regex matched (every attempt's logs, in order)
         ended = _now()
         final = []
         for definition in (request.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []:
@@ -892,12 +987,24 @@ class FakeSageMaker:
                 run.final_metrics[definition["Name"]] = value
         job.final_metric_data_list = final
 
+        if out_of_time == "stop":  # the hosts were gone already: nothing to upload, no model
+            return "Stopped", "Stopped", None
+        if out_of_time:
+            transitions[-1]["EndTime"] = _now()
+            transitions.append({"Status": "Stopping", "StartTime": _now(), "StatusMessage": "Stopping the training job"})
+            if out_of_time == "wait":
+                return "Stopped", "MaxWaitTimeExceeded", f"Training job reached its MaxWaitTimeInSeconds of {max_wait} s."
+            return "Stopped", "MaxRuntimeExceeded", f"Training job reached its MaxRuntimeInSeconds of {max_run} s."
+
         # --- checkpoints and the model out
+        timed_out = attempt.timed_out
         transitions[-1]["EndTime"] = _now()
-        transitions.append({"Status": "Uploading", "StartTime": _now(), "StatusMessage": "Uploading generated training model"})
+        if timed_out == "wait":  # the developer guide's spot lifecycle: Training, then Stopping, MaxWaitTimeExceeded
+            transitions.append({"Status": "Stopping", "StartTime": _now(), "StatusMessage": "Stopping the training job"})
+        else:
+            transitions.append({"Status": "Uploading", "StartTime": _now(), "StatusMessage": "Uploading generated training model"})
         if checkpoint_dir is not None and checkpoint_dir.is_dir():
             _upload_dir(s3, checkpoint_dir, checkpoint["S3Uri"])
-        timed_out = result.returncode == 124 and bool(max_run) and "time limit" in (result.failure or "")
         # SageMaker saves the model of a job stopped at max runtime, or by StopTrainingJob, too
         if result.ok or timed_out or stop.is_set():
             artifact = job.model_artifacts["S3ModelArtifacts"]
@@ -906,9 +1013,143 @@ class FakeSageMaker:
             run.model_artifact = artifact
         if result.ok:
             return "Completed", "Completed", None
+        if timed_out == "wait":
+            return "Stopped", "MaxWaitTimeExceeded", f"Training job reached its MaxWaitTimeInSeconds of {max_wait} s."
         if timed_out:
             return "Stopped", "MaxRuntimeExceeded", f"Training job reached its MaxRuntimeInSeconds of {max_run} s."
         return "Failed", "Failed", "AlgorithmError: " + _failure_text(result)
+
+    def _attempt(self, number: int, adir: Path, request: dict[str, Any], run: JobRun, boto: Any, transitions: list,
+                 stop: threading.Event, *, hosts: int, channels: dict[str, str], command: list[str], toolkit: bool,
+                 timeout_s: float | None, reclaim_after_s: float | None) -> _Attempt:
+        """One attempt at the job, on hosts of its own in `adir` (the job's folder for the first; on spot,
+        `attempt-N` for the next ones): the input channels and the checkpoints from S3, the hosts' run,
+        their logs to CloudWatch (streams of its own). With `reclaim_after_s`, the spot watcher
+        interrupts it once a checkpoint appears, or after that many seconds of training without one."""
+        from workshop.metrics import CLUSTER_PREFIX
+        from workshop.runtime.local_cluster import LocalCluster, choose_runtime
+
+        name = run.name
+        s3 = boto.client("s3")
+        spec = request.get("AlgorithmSpecification") or {}
+        resource = request.get("ResourceConfig") or {}
+
+        # --- S3 in
+        transitions[-1]["EndTime"] = _now()
+        transitions.append({"Status": "Downloading", "StartTime": _now(), "StatusMessage": "Downloading input data"})
+        input_dir = adir / "input"
+        local_channels: dict[str, Path] = {}
+        for channel_name, uri in channels.items():
+            dest = input_dir / channel_name
+            if _download_prefix(s3, uri, dest) == 0:
+                raise _JobError(f"ClientError: Data download failed: no objects under {uri} (channel {channel_name!r}).")
+            local_channels[channel_name] = dest
+        if toolkit:
+            launch = self._toolkit_launch(request, local_channels, adir, s3, boto.region_name)
+        else:
+            launch = self._sm_train_launch(request, local_channels, command)
+        environment = dict(request.get("Environment") or {})
+        internet, network = self._internet_route(request, boto)
+        container = choose_runtime(launch.runtime)[0] == "container"  # the choice the cluster below makes
+        # Paths into /opt/ml are right inside the container runtime; the process runtime has no
+        # /opt/ml and sets those variables to each host's sandbox itself.
+        dropped = [] if container else sorted(k for k, v in environment.items() if str(v).startswith(CONTAINER_ROOT))
+        extra_env = {k: str(v) for k, v in environment.items() if k not in dropped}
+        extra_env["TRAINING_JOB_NAME"] = name  # SageMaker's value, not the local cluster's run name
+        checkpoint = request.get("CheckpointConfig") or {}
+        checkpoint_dir = None
+        if checkpoint.get("S3Uri"):
+            checkpoint_dir = adir / "checkpoints-s3"
+            checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            _download_prefix(s3, checkpoint["S3Uri"], checkpoint_dir)
+        run.hosts, run.procs_per_host = hosts, launch.procs
+        run.hyperparameters = {k: safe_deserialize(v) for k, v in (request.get("HyperParameters") or {}).items()}
+        run.driver, run.launch = launch.driver, launch.kind
+        run.network = network
+        run.image_framework = image_framework_note(spec.get("TrainingImage") or "")
+
+        # --- the run
+        transitions[-1]["EndTime"] = _now()
+        transitions.append({"Status": "Training", "StartTime": _now(), "StatusMessage": "Training in progress (local cluster)"
+                            + (f", attempt {number}" if number > 1 else "")})
+        _say(
+            f"job {name}" + (f" attempt {number}" if number > 1 else "")
+            + f": {hosts} simulated host(s) x {launch.procs} process(es), {launch.described}, "
+            f"hyperparameters {json.dumps(run.hyperparameters)}, channels {sorted(local_channels)}"
+            + f"; network: {network}; hosts start up to {self.start_skew_s:g} s apart; {run.image_framework}"
+            + (f"; not passed (container paths): {', '.join(dropped)}" if dropped else "")
+            + (f"; checkpoints from S3: {', '.join(_files(checkpoint_dir)) or 'none'}" if number > 1 and checkpoint_dir else "")
+        )
+        if stop.is_set():
+            raise _JobError("")  # StopTrainingJob came first: nothing starts
+        previous = [int(s.rsplit("-", 1)[1]) for a in run.attempts for s in a["log_streams"]]
+        start_epoch = max([int(time.time())] + [p + 1 for p in previous])  # each attempt's streams are new ones
+        reclaim, found = threading.Event(), {}
+        try:
+            cluster = LocalCluster(
+                launch.source_dir, launch.entry_script, hosts=hosts, procs_per_host=launch.procs,
+                distributed=launch.distributed, name=name, workdir=adir / "hosts", extra_env=extra_env, echo=False,
+                internet=internet, start_skew_s=self.start_skew_s if hosts > 1 else 0.0,
+                sm_drivers_dir=launch.sm_drivers_dir, container_command=launch.command,
+                instance_type=resource.get("InstanceType"), runtime=launch.runtime,
+            )
+            done = threading.Event()
+            watchers = [threading.Thread(target=_stop_when_asked, args=(name, (stop, reclaim), done), daemon=True)]
+            if reclaim_after_s is not None:
+                watchers.append(threading.Thread(
+                    target=_reclaim_when_checkpointed, daemon=True,
+                    args=(name, checkpoint_dir, _checkpoint_state(checkpoint_dir), reclaim_after_s, reclaim, done, found)))
+            for watcher in watchers:
+                watcher.start()
+            try:
+                result = cluster.run(
+                    launch.hyperparameters, local_channels, checkpoint_dir=checkpoint_dir,
+                    timeout_s=float(timeout_s) if timeout_s else None, check=False,
+                )
+            finally:
+                done.set()
+                for watcher in watchers:
+                    watcher.join()
+        except Exception as exc:  # WorkshopError: e.g. no such entry script in the code channel
+            raise _JobError(f"AlgorithmError: {exc}") from None
+        run.runtime = result.runtime
+
+        # --- logs out, as SageMaker shows them: one stream per host (per attempt), no local prefixes
+        per_host: dict[str, list[str]] = {host.name: [] for host in result.hosts}
+        ordered: list[str] = []
+        for line in result.lines:
+            match = CLUSTER_PREFIX.match(line)
+            host = match["host"] if match else result.hosts[0].name
+            text = line[match.end() :] if match else line
+            per_host.setdefault(host, []).append(text)
+            ordered.append(text)
+        streams = self._put_logs(boto, name, per_host, start_epoch)
+        for host, lines in per_host.items():
+            run.log_lines[host] = run.log_lines.get(host, 0) + len(lines)
+
+        timed_out = result.returncode == 124 and bool(timeout_s) and "time limit" in (result.failure or "")
+        interrupted = reclaim.is_set() and not result.ok and not stop.is_set() and not timed_out
+        if result.ok:
+            outcome = "completed"
+        elif interrupted:
+            outcome = "interrupted"
+        elif stop.is_set():
+            outcome = "stopped"
+        else:
+            outcome = "timed out" if timed_out else "failed"
+        record: dict[str, Any] = {"attempt": number, "hosts_s": round(result.wall_time_s, 3), "outcome": outcome}
+        if run.spot:
+            if reclaim.is_set():
+                record["reclaimed"] = found.get("why", "")
+                if not interrupted:
+                    record["reclaimed"] += " (too late: the attempt had ended)" if result.ok else " (the attempt ended otherwise)"
+            else:
+                record["reclaimed"] = "not interrupted" if reclaim_after_s is None else "not interrupted: it ended first"
+        record["checkpoint_files"] = _files(checkpoint_dir)
+        record["log_streams"] = streams
+        run.attempts.append(record)
+        return _Attempt(result=result, checkpoint_dir=checkpoint_dir, lines=ordered, record=record,
+                        interrupted=interrupted, timed_out=timed_out)
 
     @staticmethod
     def _sm_train_launch(request: dict[str, Any], local_channels: dict[str, Path], command: list[str]) -> _Launch:
@@ -1052,17 +1293,21 @@ class FakeSageMaker:
             return True, f"internet (VPC subnets {', '.join(subnets)} route 0.0.0.0/0 out)"
         return False, f"only the job's hosts (VPC subnets {', '.join(subnets)} have no route to the internet)"
 
-    def _put_logs(self, boto: Any, name: str, per_host: dict[str, list[str]], start_epoch: int) -> None:
+    def _put_logs(self, boto: Any, name: str, per_host: dict[str, list[str]], start_epoch: int) -> list[str]:
+        """Each host's lines as stream `<job>/<host>-<start_epoch>`; returns the streams' names."""
         logs = boto.client("logs")
         with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
             logs.create_log_group(logGroupName=LOG_GROUP)
         base_ms = start_epoch * 1000
+        streams = []
         for host, lines in sorted(per_host.items()):
             stream = f"{name}/{host}-{start_epoch}"
             logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
             events = [{"timestamp": base_ms + i, "message": text} for i, text in enumerate(t for t in lines if t.strip())]
             for i in range(0, len(events), _LOG_BATCH):
                 logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream, logEvents=events[i : i + _LOG_BATCH])
+            streams.append(stream)
+        return streams
 
 
 # ---------------------------------------------------------------------- helpers
@@ -1161,21 +1406,79 @@ def _toolkit_of(image_uri: str) -> tuple[str, str]:
     return known
 
 
-def _stop_when_asked(name: str, stop: threading.Event, done: threading.Event) -> None:
-    """While job `name` runs: once StopTrainingJob asks, SIGTERM every process of its hosts (as
-    SageMaker signals the algorithm), again each half second until the run has ended."""
+def _stop_when_asked(name: str, events: tuple[threading.Event, ...], done: threading.Event) -> None:
+    """While job `name` runs: once one of `events` is set (StopTrainingJob asks, or the spot watcher
+    reclaims the hosts), SIGTERM every process of its hosts (as SageMaker signals the algorithm),
+    again each half second until the run has ended; the local cluster then stops what is left as
+    it stops any failed run (SIGTERM to each host's process group, SIGKILL after its grace period)."""
     import psutil
 
     from workshop.runtime.processes import MARKER
 
     while not done.wait(0.5):
-        if not stop.is_set():
+        if not any(event.is_set() for event in events):
             continue
         for proc in psutil.process_iter(["pid"]):
             with contextlib.suppress(psutil.Error, OSError):
                 env = proc.environ()
                 if env.get(MARKER) and env.get("TRAINING_JOB_NAME") == name and proc.pid != os.getpid():
                     proc.terminate()
+
+
+def _files(folder: Path | None) -> list[str]:
+    """The files under `folder`, as sorted relative paths ([] when there is no folder)."""
+    if folder is None or not folder.is_dir():
+        return []
+    try:
+        return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    except OSError:  # a folder removed while it was read (a checkpoint being replaced): read it again
+        return _files(folder) if folder.is_dir() else []
+
+
+def _is_checkpoint(relative: str) -> bool:
+    """Whether a file in the checkpoint folder counts as a checkpoint for the spot watcher (not one
+    still being written, not a progress record: SPOT_NOT_CHECKPOINTS, SPOT_NOT_CHECKPOINT_FOLDERS)."""
+    import fnmatch
+
+    *folders, filename = relative.split("/")
+    if any(fnmatch.fnmatch(filename, pattern) for pattern in SPOT_NOT_CHECKPOINTS):
+        return False
+    return not any(fnmatch.fnmatch(part, pattern) for part in folders for pattern in SPOT_NOT_CHECKPOINT_FOLDERS)
+
+
+def _checkpoint_state(folder: Path | None) -> dict[str, tuple[int, int, int]]:
+    """relative path -> (inode, size, mtime in ns) of each checkpoint file under `folder`."""
+    state = {}
+    for relative in _files(folder):
+        if _is_checkpoint(relative):
+            with contextlib.suppress(OSError):  # replaced meanwhile
+                st = (folder / relative).stat()
+                state[relative] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return state
+
+
+def _reclaim_when_checkpointed(name: str, folder: Path | None, before: dict[str, tuple[int, int, int]], wait_s: float,
+                               reclaim: threading.Event, done: threading.Event, found: dict[str, Any]) -> None:
+    """The spot interruption of one attempt: set `reclaim` (which `_stop_when_asked` turns into
+    SIGTERM for every host) once the hosts have written a checkpoint, a checkpoint file under the
+    hosts' shared checkpoint folder that was not there (or not so) at the attempt's start, or, if
+    none appears, `wait_s` seconds into the attempt. `found["why"]` says which."""
+    t0 = time.monotonic()
+    while not done.wait(0.2):
+        now = _checkpoint_state(folder)
+        new = sorted(k for k, v in now.items() if before.get(k) != v)
+        elapsed = time.monotonic() - t0
+        if new:
+            found["why"] = f"the hosts wrote a checkpoint ({', '.join(new)}) {elapsed:.1f} s into the attempt"
+        elif elapsed >= wait_s:
+            found["why"] = (f"no checkpoint {wait_s:g} s into the attempt"
+                            + ("" if folder is not None else " (the job has no CheckpointConfig)")
+                            + ": interrupted without one")
+        else:
+            continue
+        _say(f"spot: reclaiming the hosts of job {name} (SIGTERM): {found['why']}")
+        reclaim.set()
+        return
 
 
 def _failure_text(result: Any) -> str:
@@ -1245,6 +1548,44 @@ def _refusal(message: str) -> Exception:
     from moto.sagemaker.exceptions import ValidationError
 
     return ValidationError(message=message)
+
+
+def validate_training_request(request: dict[str, Any]) -> None:
+    """CreateTrainingJob's checks of managed spot training, as the API reference (CreateTrainingJob,
+    StoppingCondition, ResourceConfig) and the developer guide ("Managed Spot Training") state them;
+    each failure is a ValidationException before anything is recorded or run (see `_check_spot`)."""
+    _check_spot(request, "")
+
+
+def _check_spot(spec: dict[str, Any], where: str) -> None:
+    """The spot rules, for a CreateTrainingJob request or a tuning job's TrainingJobDefinition (`where`
+    prefixes the fields' names in the messages):
+
+    - StoppingCondition.MaxWaitTimeInSeconds only with EnableManagedSpotTraining (the service's own
+      words, as users have quoted them for CreateTrainingJob and CreateHyperParameterTuningJob);
+    - EnableManagedSpotTraining needs MaxWaitTimeInSeconds ("Set EnableManagedSpotTraining to True and
+      specify the MaxWaitTimeInSeconds"), equal to or greater than MaxRuntimeInSeconds (the API
+      reference; the developer guide says "larger") or than its default of 1 day when it is not given;
+    - ResourceConfig.InstancePreferences "is mutually exclusive with ... EnableManagedSpotTraining".
+    The wording of the last three is the fake's: the service's is not known to it."""
+    spot = bool(spec.get("EnableManagedSpotTraining"))
+    stopping = spec.get("StoppingCondition") or {}
+    wait, runtime = stopping.get("MaxWaitTimeInSeconds"), stopping.get("MaxRuntimeInSeconds")
+    if wait is not None and not spot:
+        raise _refusal("Invalid MaxWaitTimeInSeconds. It is only supported when EnableManagedSpotTraining is set to true")
+    if not spot:
+        return
+    if wait is None:
+        raise _refusal(f"Invalid MaxWaitTimeInSeconds. {where}EnableManagedSpotTraining is true, so "
+                       f"{where}StoppingCondition.MaxWaitTimeInSeconds must be given: how long the managed spot "
+                       "training job has to complete, waiting for spot capacity included.")
+    limit = DEFAULT_MAX_RUNTIME_S if runtime is None else runtime
+    if wait < limit:
+        raise _refusal(f"Invalid MaxWaitTimeInSeconds. {where}StoppingCondition.MaxWaitTimeInSeconds ({wait}) must be "
+                       f"equal to or greater than MaxRuntimeInSeconds ({limit}"
+                       + (", its default when not given" if runtime is None else "") + ").")
+    if (spec.get("ResourceConfig") or {}).get("InstancePreferences"):
+        raise _refusal(f"{where}ResourceConfig.InstancePreferences is mutually exclusive with EnableManagedSpotTraining.")
 
 
 def _parse_ranges(config: dict[str, Any]) -> list[_Range]:
@@ -1361,6 +1702,7 @@ def validate_tuning_request(request: dict[str, Any]) -> list[_Range]:
         raise _refusal("fake_sagemaker does not simulate HyperParameterTuningResourceConfig: give a ResourceConfig.")
     if not definition.get("ResourceConfig"):
         raise _refusal("The TrainingJobDefinition needs a ResourceConfig (or a HyperParameterTuningResourceConfig).")
+    _check_spot(definition, "TrainingJobDefinition.")
     ranges = _parse_ranges(config)
     names = [r.name for r in ranges]
     if not names:

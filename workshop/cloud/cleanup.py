@@ -12,32 +12,39 @@ from workshop.cloud.common import POLL_S, TAG_USER, TAG_WORKSHOP, aws_error, cod
 from workshop.cloud.network import NETWORK_TIMEOUT_S, delete_network
 from workshop.cloud.role import delete_role, s3_prefixes, sdk_session
 
+# What a user's running jobs of each kind are listed and stopped by: (list call, its summaries'
+# key, the prefix of its name and ARN fields, stop call).
+_JOB_KINDS = {
+    "training": ("list_training_jobs", "TrainingJobSummaries", "TrainingJob", "stop_training_job"),
+    "tuning": ("list_hyper_parameter_tuning_jobs", "HyperParameterTuningJobSummaries", "HyperParameterTuningJob",
+               "stop_hyper_parameter_tuning_job"),
+}
+
+
+def _stop_tagged(sm: Any, kind: str, user: str) -> list[str]:
+    """Stop this user's InProgress workshop jobs of `kind` (by their tags); returns their names.
+    Their names start with the user's prefix, so NameContains finds them."""
+    lister, summaries, prefix, stopper = _JOB_KINDS[kind]
+    stopped = []
+    for page in sm.get_paginator(lister).paginate(StatusEquals="InProgress", NameContains=user):
+        for job in page[summaries]:
+            tags = {t["Key"]: t["Value"] for t in sm.list_tags(ResourceArn=job[f"{prefix}Arn"]).get("Tags", [])}
+            if tags.get(TAG_WORKSHOP) == aws.WORKSHOP_NAME and tags.get(TAG_USER) == user:
+                getattr(sm, stopper)(**{f"{prefix}Name": job[f"{prefix}Name"]})
+                stopped.append(job[f"{prefix}Name"])
+    return stopped
+
 
 def stop_user_jobs(sm: Any, user: str) -> list[str]:
     """Stop this user's InProgress workshop training jobs (by their tags); returns their names."""
-    stopped = []
-    for page in sm.get_paginator("list_training_jobs").paginate(StatusEquals="InProgress", NameContains=user):
-        for job in page["TrainingJobSummaries"]:
-            tags = {t["Key"]: t["Value"] for t in sm.list_tags(ResourceArn=job["TrainingJobArn"]).get("Tags", [])}
-            if tags.get(TAG_WORKSHOP) == aws.WORKSHOP_NAME and tags.get(TAG_USER) == user:
-                sm.stop_training_job(TrainingJobName=job["TrainingJobName"])
-                stopped.append(job["TrainingJobName"])
-    return stopped
+    return _stop_tagged(sm, "training", user)
 
 
 def stop_user_tuning_jobs(sm: Any, user: str) -> list[str]:
     """Stop this user's InProgress workshop tuning jobs (by their tags), which stops their
-    trials; returns their names. Tuning job names start with the user's prefix (at most 16
-    characters of their 32), so NameContains finds them."""
-    stopped = []
-    for page in sm.get_paginator("list_hyper_parameter_tuning_jobs").paginate(StatusEquals="InProgress", NameContains=user):
-        for job in page["HyperParameterTuningJobSummaries"]:
-            arn = job["HyperParameterTuningJobArn"]
-            tags = {t["Key"]: t["Value"] for t in sm.list_tags(ResourceArn=arn).get("Tags", [])}
-            if tags.get(TAG_WORKSHOP) == aws.WORKSHOP_NAME and tags.get(TAG_USER) == user:
-                sm.stop_hyper_parameter_tuning_job(HyperParameterTuningJobName=job["HyperParameterTuningJobName"])
-                stopped.append(job["HyperParameterTuningJobName"])
-    return stopped
+    trials; returns their names (a tuning job's name keeps the user's prefix, at most 16 of its 32
+    characters)."""
+    return _stop_tagged(sm, "tuning", user)
 
 
 def delete_s3_prefixes(s3: Any, bucket: str, prefixes: Sequence[str]) -> int:

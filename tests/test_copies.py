@@ -48,9 +48,11 @@ SHARED: dict[str, tuple[str, ...]] = {
     "set_gloo_interface": (L3, L4),
     # Fault tolerance under torchrun --max-restarts: fault injection, atomic writes, the recovery report.
     "FAULT_ENV": (L3, L4),
+    "FAULT_RECORD_KEY": (L3, L4),
     "parse_fault": (L3, L4),
     "fault_problems": (L3, L4),
     "restart_count": (L3, L4),
+    "agent_store": (L3, L4),
     "elastic_store": (L3, L4),
     "agreed_attempt": (L3, L4),
     "fsync_dir": (L3, L4),

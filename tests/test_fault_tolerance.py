@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
+from workshop import metrics
 from workshop.__main__ import main
 from workshop.errors import WorkshopError
 from workshop.jobs import dry_run
@@ -152,3 +154,38 @@ def test_spot_jobs_are_checked_against_the_spot_quota():
     with pytest.raises(WorkshopError, match="quota for ml.g5.xlarge spot training instances in us-east-1 is zero") as info:
         check_quota(quota_client(quotas), "ml.g5.xlarge", 2, "us-east-1", spot=True)
     assert "--quota-code L-SPOT" in info.value.fix
+
+
+# ----------------------------------------------------------------------------- the issue's command (slow)
+
+
+@pytest.mark.slow
+def test_the_cli_kills_a_rank_on_another_host_and_the_run_recovers_exactly(tmp_path, mnist_dir, capsys):
+    """`run data_parallel --hosts 2 --fault kill-rank=1@step=30 --max-restarts 1` on the local cluster, where
+    each host has its own checkpoint folder (as SageMaker's hosts do): rank 1 dies on algo-2 after step 30,
+    torchrun restarts both ranks, rank 0 resumes from its step-20 checkpoint on algo-1 and knows exactly
+    what was lost (the fault record was written on the other host) and when it struck. The run ends with
+    the uninterrupted run's weights, bit for bit."""
+    def run(name: str, *extra: str) -> tuple[str, list[dict]]:
+        code = main(["run", "data_parallel", "--hosts", "2", "--data-dir", str(mnist_dir),
+                     "--workdir", str(tmp_path / name), *extra])
+        out = capsys.readouterr().out
+        assert code == 0, out[-4000:]
+        return out, metrics.parse_lines(out.splitlines())
+
+    out, faulted = run("faulted", "--fault", "kill-rank=1@step=30", "--max-restarts", "1")
+    assert "FAULT: killing rank 1 at step 30 (--fault kill-rank=1@step=30)" in out
+    assert "resumed from /opt/ml/checkpoints/checkpoint.pt at step 20 (restart 1)" in out
+    assert "10 step(s) to do again: the failed attempt had finished step 30 (its fault record)" in out
+    [recovered] = [r for r in faulted if "resumed_step" in r]
+    assert (recovered["resumed_step"], recovered["lost_steps"]) == (20, 10)
+    assert 0 < recovered["recover_s"] < 120
+    assert re.search(r"recovered 1 time\(s\): resumed at step 20, 10 step\(s\) redone, \d+\.\d s from the failure", out)
+    _, plain = run("plain")
+
+    def final(records: list[dict], key: str):
+        [value] = [r[key] for r in records if key in r and r.get("rank") == 0]
+        return value
+
+    assert final(faulted, "weights_sha256") == final(plain, "weights_sha256")
+    assert final(faulted, "final_test_accuracy") == final(plain, "final_test_accuracy") >= 0.9

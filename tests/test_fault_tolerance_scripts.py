@@ -303,6 +303,29 @@ def test_recovery_is_measured_from_the_failed_attempts_records(script, tmp_path,
                                                     "fault_time": None, "attempt": 2}
 
 
+def test_a_fault_on_another_host_reaches_rank_0_through_the_agents_store(script, tmp_path, monkeypatch):
+    """Hosts have checkpoint folders of their own (SageMaker's do): the dying rank's fault.json is not in
+    rank 0's folder, so the record also goes to torchrun's agent store, and rank 0 reads it from there."""
+    import torch.distributed as dist
+
+    agent = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # stands in for the agent's
+    for key, value in {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(agent.port)}.items():
+        monkeypatch.setenv(key, value)
+    dying, survivor = tmp_path / "algo-2", tmp_path / "algo-1"
+    killed = []
+    monkeypatch.setattr(script.os, "kill", lambda pid, sig: killed.append(sig))
+    script.inject_fault((1, 18), 1, 18, dying, "kill-rank=1@step=18", 0)
+    assert killed == [signal.SIGKILL] and (dying / "fault.json").is_file() and not survivor.exists()
+    script.write_progress(survivor, 16, 0)
+    recovery = script.read_recovery(survivor, 15, 1)
+    assert (recovery["last_step"], recovery["lost_steps"], recovery["exact"]) == (18, 3, True)
+    assert recovery["fault_time"] == json.loads(agent.get("workshop/fault"))["time"]
+    # Without the agent's store the folder is all there is: a lower bound from the progress record.
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE")
+    assert script.read_recovery(survivor, 15, 1)["lost_steps"] == 1
+
+
 def test_each_attempt_meets_under_keys_of_its_own_in_torchruns_store(script, monkeypatch):
     """torchrun's agent keeps one store for every attempt: the keys a failed attempt left there must not
     be read by the next (its ranks would connect to dead ones). No store of the agent's: torchrun's own."""

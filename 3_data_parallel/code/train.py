@@ -27,7 +27,7 @@ rank 0 writes `checkpoint.pt` in the checkpoint folder at the end of each epoch 
 folder fsynced), so a crash mid-write leaves the previous checkpoint. It holds the position (whole
 epochs done, batches done of the next, the global step), the model, the optimizer and every rank's
 RNG state, so a run resumed mid-epoch sees exactly the batches and dropout an uninterrupted one
-would. On resume rank 0 prints `resumed from <checkpoint> at step <N> (restart <k>)` and, after the
+would; rank 0 reports each one's cost as `METRICS rank=0 step=N checkpoint_s=S`. On resume rank 0 prints `resumed from <checkpoint> at step <N> (restart <k>)` and, after the
 first step, `METRICS ... resumed_step=N lost_steps=L recover_s=S` (see `report_recovery`).
 `--fault kill-rank=R@step=N` (default: the environment variable WORKSHOP_FAULT) makes rank R SIGKILL
 itself after global step N (and that step's checkpoint, if one is due), on the first attempt only
@@ -348,6 +348,10 @@ FAULT_ENV = "WORKSHOP_FAULT"
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
+FAULT_RECORD_KEY = "workshop/fault"  # the fault record in torchrun's agent store (see inject_fault)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def parse_fault(text: str | None) -> tuple[int, int] | None:
     """The fault that `text` (--fault, by default WORKSHOP_FAULT) asks for, as (rank, step); None when blank.
 
@@ -401,6 +405,15 @@ def restart_count() -> int:
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def agent_store(timeout: timedelta = timedelta(seconds=60)):
+    """torchrun's agent store (a TCPStore on the rendezvous host that outlives every attempt), or None
+    when this process runs without torchrun's agent store."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def elastic_store(timeout: timedelta) -> tuple[dict, int]:
     """(init_process_group's store arguments, this rank's attempt: 0 on the first), under torchrun.
 
@@ -412,10 +425,10 @@ def elastic_store(timeout: timedelta) -> tuple[dict, int]:
     and a restarted attempt's ranks meet under keys of their own. On the first attempt, and without
     the agent's store: torchrun's own arguments ({}).
     """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    store = agent_store(timeout)
+    if store is None:
         return {}, restart_count()
     rank, world_size, _, _ = distributed_env()
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
     attempt = store.add(f"workshop/starts/rank-{rank}", 1) - 1
     if attempt == 0:
         return {}, 0
@@ -474,12 +487,16 @@ def inject_fault(fault: tuple[int, int] | None, rank: int, step: int, checkpoint
     `attempt` is the first (0: a restarted job must not fail again), die as a crashing host would: SIGKILL,
     no exception, no clean-up, no exit code of its own. Before that, one line on stdout and the
     record `fault.json` in the checkpoint folder (rank, step, wall-clock time), from which the resumed
-    run counts the steps lost and the seconds it took to recover."""
+    run counts the steps lost and the seconds it took to recover; under torchrun's agent the record also
+    goes to the agent's store (FAULT_RECORD_KEY), which rank 0 reads whatever host it is on."""
     if fault != (rank, step) or attempt > 0:
         return
     record = {"rank": rank, "step": step, "time": time.time(), "attempt": 0, "fault": text}
     Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
     write_atomic(Path(checkpoint_dir) / "fault.json", lambda f: f.write(json.dumps(record).encode()))
+    store = agent_store()  # rank 0 may be on another host, whose checkpoint folder is not this one
+    if store is not None:
+        store.set(FAULT_RECORD_KEY, json.dumps(record))
     source = f"{FAULT_ENV}={text}" if os.environ.get(FAULT_ENV) == text else f"--fault {text}"
     print(f"FAULT: killing rank {rank} at step {step} ({source})", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -503,7 +520,8 @@ def read_recovery(checkpoint_dir: str | Path, resumed_step: int, attempt: int) -
     `resumed_step`, the steps to do again; `exact`: whether last_step is exact (from the fault record:
     no rank can finish a step past the one a peer died after, since every step needs every rank) or a
     lower bound (rank 0's progress record, written every log interval); `fault_time`: when the
-    injected fault struck (time.time() of the dying rank), else None. Records of another attempt than
+    injected fault struck (time.time() of the dying rank), else None. The fault record is the checkpoint
+    folder's `fault.json`, else (a rank on another host died) the one in torchrun's agent store. Records of another attempt than
     the previous one are not used; what is unknown is None. `attempt` is passed on, for the report.
     """
     folder = Path(checkpoint_dir)
@@ -513,6 +531,9 @@ def read_recovery(checkpoint_dir: str | Path, resumed_step: int, attempt: int) -
             records[name] = json.loads((folder / f"{name}.json").read_text())
         except (OSError, ValueError):
             records[name] = None
+    store = agent_store() if attempt > 0 and records["fault"] is None else None
+    if store is not None and store.check([FAULT_RECORD_KEY]):  # written by a rank on another host
+        records["fault"] = json.loads(store.get(FAULT_RECORD_KEY))
     fault, progress = records["fault"], records["progress"]
     if fault is not None and (attempt == 0 or fault.get("attempt") != attempt - 1):
         fault = None  # an earlier run's fault: not the failure this attempt recovers from
@@ -559,14 +580,17 @@ def report_recovery(recovery: dict, resumed_step: int, step: int | None) -> None
 # ----------------------------------------------------------------------------- training
 
 
-def save_checkpoint(path: Path, model, optimizer, position: dict, batch_size: int, rank: int, world_size: int) -> None:
+def save_checkpoint(path: Path, model, optimizer, position: dict, batch_size: int, rank: int, world_size: int) -> float:
     """Every rank calls it: rank 0 writes `path` (checkpoint.pt) atomically and durably (write_atomic).
+    Returns the seconds it took, gathering the RNG states and the closing barrier included: what a
+    checkpoint costs every rank (the METRICS line `checkpoint_s`).
 
     `position`: {"epoch": whole epochs done, "batch": batches done of the next one, "step": global
     step}. With the model and optimizer go every rank's RNG state (dropout), so a resumed run draws
     what an uninterrupted one would; the sampler needs none (its shuffle is a function of the seed
     and the epoch). One file replaced whole: a crash leaves the previous checkpoint or this one.
     """
+    t0 = time.perf_counter()
     rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
     rngs = [rng]
     if world_size > 1:
@@ -579,6 +603,7 @@ def save_checkpoint(path: Path, model, optimizer, position: dict, batch_size: in
         write_atomic(path, lambda f: torch.save(state, f))
     if world_size > 1:
         dist.barrier()  # DDP: no rank goes on (or dies) before the checkpoint is complete
+    return time.perf_counter() - t0
 
 
 def load_checkpoint(path: Path) -> dict | None:
@@ -754,12 +779,15 @@ def main(argv=None) -> int:
             step += 1
             seen += len(y)
             if i % args.log_interval == 0:
-                metrics(rank=rank, epoch=epoch, step=step, train_loss=loss.item())
+                # time: wall clock (Unix seconds), to place the steps of every attempt on one time axis
+                metrics(rank=rank, epoch=epoch, step=step, train_loss=loss.item(), time=f"{time.time():.3f}")
                 if rank == 0:
                     write_progress(ckpt_dir, step, attempt)
             if args.checkpoint_every and step % args.checkpoint_every == 0:
-                save_checkpoint(ckpt_path, model, optimizer, {"epoch": epoch - 1, "batch": i, "step": step},
-                                args.batch_size, rank, world_size)
+                took = save_checkpoint(ckpt_path, model, optimizer, {"epoch": epoch - 1, "batch": i, "step": step},
+                                       args.batch_size, rank, world_size)
+                if rank == 0:
+                    metrics(rank=0, step=step, checkpoint_s=took)
             inject_fault(fault, rank, step, ckpt_dir, args.fault, attempt)  # --fault: die here, after this step (and its checkpoint)
             if recovery is not None:  # the first step since the restart
                 report_recovery(recovery, resumed_step, step)
@@ -771,8 +799,10 @@ def main(argv=None) -> int:
                 rank=0, epoch=epoch, step=step, test_loss=test_loss, test_accuracy=test_acc,
                 epoch_time_s=epoch_time, samples_per_sec=seen * world_size / epoch_time,
             )
-        save_checkpoint(ckpt_path, model, optimizer, {"epoch": epoch, "batch": 0, "step": step},
-                        args.batch_size, rank, world_size)
+        took = save_checkpoint(ckpt_path, model, optimizer, {"epoch": epoch, "batch": 0, "step": step},
+                               args.batch_size, rank, world_size)
+        if rank == 0:
+            metrics(rank=0, step=step, checkpoint_s=took)
     if recovery is not None:  # resumed with no step left to do
         report_recovery(recovery, resumed_step, None)
 

@@ -494,6 +494,10 @@ FAULT_ENV = "WORKSHOP_FAULT"
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
+FAULT_RECORD_KEY = "workshop/fault"  # the fault record in torchrun's agent store (see inject_fault)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def parse_fault(text: str | None) -> tuple[int, int] | None:
     """The fault that `text` (--fault, by default WORKSHOP_FAULT) asks for, as (rank, step); None when blank.
 
@@ -547,6 +551,15 @@ def restart_count() -> int:
 
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def agent_store(timeout: timedelta = timedelta(seconds=60)):
+    """torchrun's agent store (a TCPStore on the rendezvous host that outlives every attempt), or None
+    when this process runs without torchrun's agent store."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def elastic_store(timeout: timedelta) -> tuple[dict, int]:
     """(init_process_group's store arguments, this rank's attempt: 0 on the first), under torchrun.
 
@@ -558,10 +571,10 @@ def elastic_store(timeout: timedelta) -> tuple[dict, int]:
     and a restarted attempt's ranks meet under keys of their own. On the first attempt, and without
     the agent's store: torchrun's own arguments ({}).
     """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    store = agent_store(timeout)
+    if store is None:
         return {}, restart_count()
     rank, world_size, _, _ = distributed_env()
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
     attempt = store.add(f"workshop/starts/rank-{rank}", 1) - 1
     if attempt == 0:
         return {}, 0
@@ -620,12 +633,16 @@ def inject_fault(fault: tuple[int, int] | None, rank: int, step: int, checkpoint
     `attempt` is the first (0: a restarted job must not fail again), die as a crashing host would: SIGKILL,
     no exception, no clean-up, no exit code of its own. Before that, one line on stdout and the
     record `fault.json` in the checkpoint folder (rank, step, wall-clock time), from which the resumed
-    run counts the steps lost and the seconds it took to recover."""
+    run counts the steps lost and the seconds it took to recover; under torchrun's agent the record also
+    goes to the agent's store (FAULT_RECORD_KEY), which rank 0 reads whatever host it is on."""
     if fault != (rank, step) or attempt > 0:
         return
     record = {"rank": rank, "step": step, "time": time.time(), "attempt": 0, "fault": text}
     Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
     write_atomic(Path(checkpoint_dir) / "fault.json", lambda f: f.write(json.dumps(record).encode()))
+    store = agent_store()  # rank 0 may be on another host, whose checkpoint folder is not this one
+    if store is not None:
+        store.set(FAULT_RECORD_KEY, json.dumps(record))
     source = f"{FAULT_ENV}={text}" if os.environ.get(FAULT_ENV) == text else f"--fault {text}"
     print(f"FAULT: killing rank {rank} at step {step} ({source})", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -649,7 +666,8 @@ def read_recovery(checkpoint_dir: str | Path, resumed_step: int, attempt: int) -
     `resumed_step`, the steps to do again; `exact`: whether last_step is exact (from the fault record:
     no rank can finish a step past the one a peer died after, since every step needs every rank) or a
     lower bound (rank 0's progress record, written every log interval); `fault_time`: when the
-    injected fault struck (time.time() of the dying rank), else None. Records of another attempt than
+    injected fault struck (time.time() of the dying rank), else None. The fault record is the checkpoint
+    folder's `fault.json`, else (a rank on another host died) the one in torchrun's agent store. Records of another attempt than
     the previous one are not used; what is unknown is None. `attempt` is passed on, for the report.
     """
     folder = Path(checkpoint_dir)
@@ -659,6 +677,9 @@ def read_recovery(checkpoint_dir: str | Path, resumed_step: int, attempt: int) -
             records[name] = json.loads((folder / f"{name}.json").read_text())
         except (OSError, ValueError):
             records[name] = None
+    store = agent_store() if attempt > 0 and records["fault"] is None else None
+    if store is not None and store.check([FAULT_RECORD_KEY]):  # written by a rank on another host
+        records["fault"] = json.loads(store.get(FAULT_RECORD_KEY))
     fault, progress = records["fault"], records["progress"]
     if fault is not None and (attempt == 0 or fault.get("attempt") != attempt - 1):
         fault = None  # an earlier run's fault: not the failure this attempt recovers from

@@ -291,16 +291,33 @@ def test_recovery_is_measured_from_the_failed_attempts_records(script, tmp_path,
     assert {k: record[k] for k in ("rank", "step", "restart", "resumed_step", "lost_steps")} == {
         "rank": 0, "step": 16, "restart": 1, "resumed_step": 15, "lost_steps": 3}
     assert 2.0 <= record["recover_s"] < 60
-    # A new job (attempt 0) over the same folder: the fault was another run's; the progress record
-    # only bounds the loss from below.
+    # Read once, the fault record is consumed: a new job (attempt 0) over the same folder has only the
+    # progress record, which bounds the loss from below.
+    assert not (tmp_path / "fault.json").exists()
     recovery = script.read_recovery(tmp_path, 15, 0)
     assert recovery == {"last_step": 16, "lost_steps": 1, "exact": False, "fault_time": None, "attempt": 0}
     script.report_recovery(recovery, 15, 16)
     record = metrics.parse_lines(capsys.readouterr().out.splitlines())[0]
     assert record["lost_steps_at_least"] == 1 and "lost_steps" not in record and "recover_s" not in record
     # A second restart: records of attempt 0 say nothing about attempt 1.
+    fault = {"rank": 1, "step": 18, "time": struck, "attempt": 0}
+    (tmp_path / "fault.json").write_text(json.dumps(fault))
     assert script.read_recovery(tmp_path, 15, 2) == {"last_step": None, "lost_steps": None, "exact": False,
                                                     "fault_time": None, "attempt": 2}
+
+
+def test_a_new_job_resuming_a_dead_jobs_checkpoint_knows_what_that_job_lost(script, tmp_path, capsys):
+    """A job died (no restart budget) after step 18, its last checkpoint at 15; a new job (attempt 0,
+    perhaps on fewer hosts) resumes from it: the dead job's fault record is exact about what was lost.
+    A fault older than the checkpoint resumed (the job recovered from it and checkpointed since) is not."""
+    struck = time.time() - 30.0
+    (tmp_path / "fault.json").write_text(json.dumps({"rank": 1, "step": 18, "time": struck, "attempt": 0}))
+    recovery = script.read_recovery(tmp_path, 15, 0)
+    assert recovery == {"last_step": 18, "lost_steps": 3, "exact": True, "fault_time": struck, "attempt": 0}
+    script.announce_resume(tmp_path / "step-15", 15, recovery)
+    assert "3 step(s) to do again: the failed run had finished step 18 (its fault record)" in capsys.readouterr().out
+    (tmp_path / "fault.json").write_text(json.dumps({"rank": 1, "step": 18, "time": struck, "attempt": 0}))
+    assert script.read_recovery(tmp_path, 24, 0)["exact"] is False
 
 
 def test_a_fault_on_another_host_reaches_rank_0_through_the_agents_store(script, tmp_path, monkeypatch):

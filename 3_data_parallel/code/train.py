@@ -521,8 +521,14 @@ def read_recovery(checkpoint_dir: str | Path, resumed_step: int, attempt: int) -
     no rank can finish a step past the one a peer died after, since every step needs every rank) or a
     lower bound (rank 0's progress record, written every log interval); `fault_time`: when the
     injected fault struck (time.time() of the dying rank), else None. The fault record is the checkpoint
-    folder's `fault.json`, else (a rank on another host died) the one in torchrun's agent store. Records of another attempt than
-    the previous one are not used; what is unknown is None. `attempt` is passed on, for the report.
+    folder's `fault.json`, else (a rank on another host died) the one in torchrun's agent store.
+
+    Which failure this attempt recovers from: on a restart (attempt k > 0), attempt k-1's records only;
+    on a new job (attempt 0) resuming a checkpoint, the fault record of a run that died after that
+    checkpoint was written (its step is past the checkpoint's: a job that failed and was started again,
+    possibly at another world size), and no older one. The folder's fault record is consumed (deleted)
+    once read, so no later run takes it for its own. What is unknown is None; `attempt` is passed on,
+    for the report.
     """
     folder = Path(checkpoint_dir)
     records = {}
@@ -534,9 +540,12 @@ def read_recovery(checkpoint_dir: str | Path, resumed_step: int, attempt: int) -
     store = agent_store() if attempt > 0 and records["fault"] is None else None
     if store is not None and store.check([FAULT_RECORD_KEY]):  # written by a rank on another host
         records["fault"] = json.loads(store.get(FAULT_RECORD_KEY))
+    with contextlib.suppress(FileNotFoundError):
+        (folder / "fault.json").unlink()  # consumed: this attempt reports it, or it is an older run's
     fault, progress = records["fault"], records["progress"]
-    if fault is not None and (attempt == 0 or fault.get("attempt") != attempt - 1):
-        fault = None  # an earlier run's fault: not the failure this attempt recovers from
+    if fault is not None and (fault.get("step", -1) <= resumed_step if attempt == 0
+                              else fault.get("attempt") != attempt - 1):
+        fault = None  # an earlier failure, not the one this attempt recovers from
     if progress is not None and attempt > 0 and progress.get("attempt") != attempt - 1:
         progress = None
     steps = [r["step"] for r in (fault, progress) if r is not None]
@@ -559,7 +568,8 @@ def announce_resume(checkpoint: str | Path | None, step: int, recovery: dict) ->
         print(f"resumed from {checkpoint} at step {step} (restart {recovery['attempt']})", flush=True)
     if recovery["lost_steps"] is not None:
         source = "its fault record" if recovery["exact"] else "rank 0's progress record, so at least that many"
-        print(f"{recovery['lost_steps']} step(s) to do again: the failed attempt had finished step "
+        failed = "the failed run" if recovery["attempt"] == 0 else "the failed attempt"
+        print(f"{recovery['lost_steps']} step(s) to do again: {failed} had finished step "
               f"{recovery['last_step']} ({source})", flush=True)
 
 
@@ -721,10 +731,10 @@ def main(argv=None) -> int:
     ckpt_path = ckpt_dir / "checkpoint.pt"
     state = [None]
     if rank == 0:
-        if attempt == 0:  # a fault record left by an earlier run is not this run's
+        state = [load_checkpoint(ckpt_path)]
+        if attempt == 0 and state[0] is None:  # a fresh start: a fault record left by an earlier run is not this run's
             with contextlib.suppress(FileNotFoundError):
                 (ckpt_dir / "fault.json").unlink()
-        state = [load_checkpoint(ckpt_path)]
     if distributed:
         # DDP: rank 0's checkpoint reaches every rank, whichever hosts have the file.
         dist.broadcast_object_list(state, src=0)

@@ -123,6 +123,8 @@ _PEER_LOST = re.compile(
 #                                             "[ps_driver] ERROR: the parameter server exited with status 1 ..."
 _TORCHRUN_AGENT = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: \d+\)")
 _TORCHRUN_ROOT = "Root Cause (first observed failure):"
+# The labs' scripts announce an injected fault (--fault, WORKSHOP_FAULT) before they SIGKILL themselves.
+_FAULT_LINE = re.compile(r"FAULT: killing rank \d+ at step \d+ \([^)]*\)")
 _TORCHRUN_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d+) \(local_rank: \d+\)")
 _TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*: (?P<code>-?\d+)")
 _HVD_RANK = re.compile(r"\[hvd_driver\] ERROR: rank (?P<rank>\d+) exited with status (?P<code>-?\d+)")
@@ -249,6 +251,15 @@ class RankEnd:
         if self.code < 0:
             return f"was killed by {_signal_name(-self.code)} (signal {-self.code})"
         return f"exited with status {self.code}"
+
+
+def _sigkill_cause(lines: list[str]) -> str:
+    """What a SIGKILL most likely was: the fault the labs' scripts inject on purpose (`--fault`), when
+    the killed rank announced it, else the kernel's out-of-memory killer."""
+    injected = [line for line in lines if _FAULT_LINE.search(line)]
+    if injected:
+        return f"(The injected fault: {_FAULT_LINE.search(injected[-1]).group(0)}; --max-restarts K lets the job heal.)"
+    return "(SIGKILL from outside the job often means the machine ran out of memory.)"
 
 
 def _signal_name(number: int) -> str:
@@ -966,7 +977,7 @@ class _Run:
         first = f"{root.who[0].upper()}{root.who[1:]} {'lost its peer and ' if root.consequence else ''}{root.how}"
         message = [first + (f": {error}" if error else ".")]
         if root.code == -signal.SIGKILL:
-            message.append("(SIGKILL from outside the job often means the machine ran out of memory.)")
+            message.append(_sigkill_cause(root.lines))
         j = next(k for k, h in enumerate(self.hosts) if h.name == root.host)
         if j in self.ended_before_stop and self.procs[j].returncode:
             message.append(f"Host {root.host} failed ({_status(self.procs[j].returncode)}); the other hosts were stopped.")
@@ -1056,7 +1067,7 @@ class _Run:
             tail = [line for _, line in self.tails.get((host.name, ""), [])][-20:]
             message += "\nLast lines from that host:\n" + "\n".join(tail)
         if code < 0 and -code == signal.SIGKILL:
-            message += "\n(SIGKILL from outside the job often means the machine ran out of memory.)"
+            message += "\n" + _sigkill_cause(self.all_lines)
         return message
 
     def _root_traceback(self) -> tuple[str, list[str]] | None:

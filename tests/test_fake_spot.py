@@ -172,7 +172,8 @@ def test_what_the_spot_watcher_takes_for_a_checkpoint(path: str, counts: bool) -
 
 
 @pytest.mark.slow
-def test_lab3_on_spot_is_interrupted_once_and_completes_from_its_checkpoint(fake: Any, mnist_dir: Path) -> None:
+def test_lab3_on_spot_is_interrupted_once_and_completes_from_its_checkpoint(fake: Any, mnist_dir: Path,
+                                                                            capsys: pytest.CaptureFixture) -> None:
     """Lab 3 on 2 spot instances, through the workshop: the fake interrupts it once its rank 0 has
     written checkpoint.pt; the second attempt, on new hosts with the checkpoint from S3, says it
     resumed from it and trains to the end; billing counts the hosts' seconds, not the wait."""
@@ -185,6 +186,7 @@ def test_lab3_on_spot_is_interrupted_once_and_completes_from_its_checkpoint(fake
     result = run_on_sagemaker(get_lab("data_parallel"), hosts=2, procs_per_host=1, spot=True, max_run_s=900,
                               hyperparameters=hyperparameters, data_dir=mnist_dir)
     assert result.status == "Completed", result.failure_reason
+    assert result.spot_line() in capsys.readouterr().out
     boto = boto3.Session(region_name=fake.region)
     described = boto.client("sagemaker").describe_training_job(TrainingJobName=result.job_name)
     assert described["EnableManagedSpotTraining"] is True
@@ -202,6 +204,11 @@ def test_lab3_on_spot_is_interrupted_once_and_completes_from_its_checkpoint(fake
     training, billable = described["TrainingTimeInSeconds"], described["BillableTimeInSeconds"]
     assert billable == int(sum(a["hosts_s"] for a in run.attempts)) == run.billable_time_s
     assert 0 < billable < training == run.training_time_s
+    # ... and the workshop reports both, with AWS's savings formula.
+    assert (result.spot, result.training_time_s, result.billable_time_s) == (True, training, billable)
+    assert result.spot_line() == (f"managed spot: billable {billable} s of {training} s training: a saving of "
+                                  f"{1 - billable / training:.0%} (1 - billable / training, AWS's formula for "
+                                  "managed spot training)")
 
     # One stream per host per attempt; the second attempt resumed from the first one's checkpoint.
     lines = streams(fake, result.job_name)

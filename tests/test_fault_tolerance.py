@@ -122,6 +122,19 @@ def test_an_on_demand_job_is_unchanged(no_aws):
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600}
 
 
+def test_a_finished_spot_job_reports_billable_against_training_seconds():
+    from workshop.jobs.submit import JobResult
+
+    def result(**times):
+        return JobResult("j", "Completed", {}, None, "url", "us-east-1", **times)
+
+    assert result(spot=True, training_time_s=500, billable_time_s=100).spot_line() == (
+        "managed spot: billable 100 s of 500 s training: a saving of 80% (1 - billable / training, AWS's formula "
+        "for managed spot training)")
+    assert result(training_time_s=500, billable_time_s=500).spot_line() is None  # on demand: nothing to say
+    assert result(spot=True).spot_line() is None  # still running: no times yet
+
+
 @pytest.mark.parametrize(("args", "error"), [
     (["--mode", "sagemaker", "--dry-run", "--spot", "--max-wait", "600"], "must be at least max_run_s (3600 s)"),
     (["--mode", "sagemaker", "--dry-run", "--max-wait", "7200"], "max_wait_s applies to spot jobs only"),

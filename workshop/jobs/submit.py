@@ -52,6 +52,19 @@ class JobResult:
     region: str
     failure_reason: str | None = None
     boto_session: Any = field(default=None, repr=False, compare=False)
+    # DescribeTrainingJob's TrainingTimeInSeconds (the job's training time) and BillableTimeInSeconds
+    # (what is billed: on managed spot, only the seconds the instances ran, interruptions' waits not).
+    training_time_s: int | None = None
+    billable_time_s: int | None = None
+    spot: bool = False
+
+    def spot_line(self) -> str | None:
+        """For a managed spot job that ran: the seconds billed against the seconds trained (None otherwise)."""
+        if not self.spot or not self.training_time_s or self.billable_time_s is None:
+            return None
+        saved = 1 - self.billable_time_s / self.training_time_s
+        return (f"managed spot: billable {self.billable_time_s} s of {self.training_time_s} s training: a saving "
+                f"of {saved:.0%} (1 - billable / training, AWS's formula for managed spot training)")
 
     @property
     def ok(self) -> bool:
@@ -180,6 +193,9 @@ def _result(job_name: str, boto: Any) -> JobResult:
         region=region,
         failure_reason=description.get("FailureReason"),
         boto_session=boto,
+        training_time_s=description.get("TrainingTimeInSeconds"),
+        billable_time_s=description.get("BillableTimeInSeconds"),
+        spot=bool(description.get("EnableManagedSpotTraining")),
     )
 
 
@@ -249,4 +265,6 @@ def submit(trainer: ModelTrainer, inputs: Mapping[str, str], *, wait: bool = Tru
     elif wait:
         metrics = ", ".join(f"{k}={v:g}" for k, v in result.final_metrics.items()) or "none reported"
         say(f"job {job_name} {result.status}; final metrics: {metrics}; model: {result.model_artifact}")
+    if wait and result.spot_line():
+        say(result.spot_line())
     return result

@@ -40,6 +40,8 @@ OVERRIDES: dict[str, str] = {
     # The fake runs one CPU process per host (2 in all), not 8 GPUs per p4d: shard over those 2,
     # with a tiny model and few steps; the grid of measurements shrinks to N = 1, 2. Both routes run:
     # the default (plain FSDP) and the opt-in SMP route, so that no cell goes unexecuted.
+    # Spot jobs on the fake are reclaimed once (after their first checkpoint) and restarted from S3.
+    "3_data_parallel/fault_tolerance": "import fake_sagemaker\nfake_sagemaker.active().spot_interruptions = 1\n",
     "4_model_parallel/model_parallel": (
         'sagemaker_routes = ("fsdp", "smp")\n'
         "allow_unsupported_image = True\n"
@@ -70,6 +72,14 @@ EXPECTED_OUTPUT: dict[str, tuple[str, ...]] = {
         "CreateHyperParameterTuningJob", "the toolkit runs workshop_trial.py", "[infra] cost: at most",
         "6 trials x 1 x ml.g5.xlarge", "6 trials x 2 x ml.g5.xlarge", "[infra] quota:",
         "Completed; best trial", "the curves match best at a factor of 2", "[infra] network deleted:",
+    ),
+    # The rank kill healed inside a SageMaker job (the elastic driver in sm_drivers), then a spot job
+    # interrupted once, resumed from its S3 checkpoint, billed for less than it trained.
+    "3_data_parallel/fault_tolerance": (
+        "=== on SageMaker: rank 1 killed after step 30, max_restarts=1 ===", "FAULT: killing rank 1 at step 30",
+        "resumed at step 24, 6 steps redone", "Interrupted -> Starting", "managed spot: billable",
+        "resumed from /opt/ml/checkpoints/checkpoint.pt", "[infra] cost: at most", "[infra] quota:",
+        "all checks passed",
     ),
     "4_model_parallel/model_parallel": (
         "final next-character test accuracy:", "SMP route launcher:", "smdistributed-modelparallel:2.5.1-gpu-py311-cu124",

@@ -1,5 +1,6 @@
 """Shared fixtures: the MNIST subset once per session, no data downloads, AWS isolated (moto, no
-credentials), and the guard that keeps training out of the fast tier.
+credentials), the guard that keeps training out of the fast tier, and the guard that fails a session
+(notebooks included) that changed a tracked file (`pytest_sessionfinish` below).
 
 Test tiers: a test that starts a training process is marked `@pytest.mark.slow`; nothing else is.
 `make test-fast` runs `pytest tests -m "not slow"` (no training, no notebooks); `make test` runs
@@ -396,3 +397,99 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if str(item.path).endswith(".ipynb"):
             item.add_marker(pytest.mark.slow)
+
+
+# --------------------------------------------------------------------------- tracked files: the guard
+
+TRACKED_FIX = ("write generated files under runs/ (gitignored) or a test's tmp_path, never over a tracked "
+               "file; then `git diff` the files named and `git checkout -- FILE` what the run rewrote")
+ALLOW_TRACKED_CHANGES_ENV = "WORKSHOP_ALLOW_TRACKED_CHANGES"
+_TRACKED_BEFORE = pytest.StashKey[dict[str, str | None]]()
+_TRACKED_CHANGED = pytest.StashKey[list[str]]()
+
+
+def tracked_files(root: Path) -> list[str] | None:
+    """The files git tracks under `root` (`git ls-files -z`, paths relative to root), or None
+    when `root` is not in a git checkout (or git is missing)."""
+    try:
+        proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    return sorted(os.fsdecode(p) for p in proc.stdout.split(b"\0") if p)
+
+
+def file_hashes(root: Path, paths: list[str]) -> dict[str, str | None]:
+    """Each path's content hash as it is on disk now (uncommitted edits included): a link's target,
+    a folder (a submodule) as such, None for a file that is not there."""
+    import hashlib
+
+    hashes: dict[str, str | None] = {}
+    for rel in paths:
+        path = root / rel
+        try:
+            if path.is_symlink():
+                hashes[rel] = "link:" + os.readlink(path)
+            elif path.is_dir():
+                hashes[rel] = "folder"
+            else:
+                hashes[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            hashes[rel] = None
+    return hashes
+
+
+def changed_tracked_files(before: dict[str, str | None], after: dict[str, str | None]) -> list[str]:
+    """The paths whose content differs between two `file_hashes` snapshots (changed, deleted or
+    created), sorted."""
+    return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Records every tracked file's content, as it is on disk, for the guard below."""
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: its controller guards
+        return
+    paths = tracked_files(REPO_ROOT)
+    if paths is not None:  # not a git checkout: no guard
+        session.config.stash[_TRACKED_BEFORE] = file_hashes(REPO_ROOT, paths)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The guard: a test session (unit tests and nbval's notebook items alike, which run in it) that
+    changed the content of a tracked file fails, naming the files and the fix. Running a lab, a
+    notebook or a test must never rewrite the repository (lab 4's notebook once rewrote
+    images/model_parallel_memory.png); generated files go under runs/ or tmp_path.
+
+    Content is compared with what was on disk when the session started, so edits made before the
+    session (committed or not) do not count, and neither do commits or `git add` during it. An edit
+    a developer saves to a tracked file *while* the session runs cannot be told apart from one a
+    test made, and fails the session too: run the tests again, or set
+    WORKSHOP_ALLOW_TRACKED_CHANGES=1 to report the files without failing. Outside a git checkout
+    (a source archive) there is nothing to compare and no guard."""
+    before = session.config.stash.get(_TRACKED_BEFORE, None)
+    if before is None:
+        return
+    changed = changed_tracked_files(before, file_hashes(REPO_ROOT, list(before)))
+    session.config.stash[_TRACKED_CHANGED] = changed
+    if changed and not os.environ.get(ALLOW_TRACKED_CHANGES_ENV):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def tracked_files_report(changed: list[str], failing: bool = True) -> str:
+    """What the guard prints for the tracked files a session changed."""
+    verdict = ("the session fails" if failing else
+               f"not failing the session: {ALLOW_TRACKED_CHANGES_ENV} is set")
+    return (f"{len(changed)} tracked file(s) changed during this test session ({verdict}):\n"
+            + "".join(f"  {p}\n" for p in changed)
+            + f"fix: {TRACKED_FIX}. (A file you edited yourself while the tests ran counts too: "
+              f"run them again.)")
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    changed = config.stash.get(_TRACKED_CHANGED, None)
+    if changed:
+        terminalreporter.section("tracked files changed", sep="=", red=True, bold=True)
+        failing = not os.environ.get(ALLOW_TRACKED_CHANGES_ENV)
+        for line in tracked_files_report(changed, failing).splitlines():
+            terminalreporter.write_line(line, red=failing, yellow=not failing)

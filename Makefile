@@ -16,6 +16,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 KERNEL_NAME := distributed-training-workshop
+KERNEL_DISPLAY_NAME := Python (distributed training workshop)
+# A SageMaker notebook instance has this file (workshop/cloud/aws.py: NOTEBOOK_METADATA_FILE).
+SAGEMAKER_NOTEBOOK_METADATA := /opt/ml/metadata/resource-metadata.json
 PYTEST_ARGS ?=
 
 .PHONY: setup workshop test test-fast lab bench bench-allreduce bench-strategies horovod clean
@@ -50,9 +53,24 @@ test-fast: setup
 	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
 	$(BIN)/python -m pytest tests -m "not slow" --timeout=300 $(PYTEST_ARGS)
 
+# Registers the kernel every notebook names in its metadata (kernelspec name $(KERNEL_NAME); checked by
+# tests/test_notebook_hygiene.py), for this user, then starts JupyterLab. As root (a container, sudo)
+# JupyterLab refuses to start without --allow-root, so the recipe passes it and says so. On a SageMaker
+# notebook instance the instance's own JupyterLab, run as ec2-user, lists the kernel too.
 lab: setup
-	$(BIN)/python -m ipykernel install --user --name $(KERNEL_NAME) --display-name "Python (distributed training workshop)"
-	$(BIN)/jupyter lab
+	$(BIN)/python -m ipykernel install --user --name $(KERNEL_NAME) --display-name "$(KERNEL_DISPLAY_NAME)"
+	@echo "Registered the Jupyter kernel $(KERNEL_NAME) (\"$(KERNEL_DISPLAY_NAME)\", $(abspath $(BIN))/python): the kernel every notebook names"
+	@if [ -f $(SAGEMAKER_NOTEBOOK_METADATA) ] && [ "$$(id -u)" = 0 ]; then \
+		echo "SageMaker notebook instance, as root: the kernel went to root's kernels, but the instance's JupyterLab runs as ec2-user and lists ec2-user's: run make lab as ec2-user (without sudo)"; \
+	elif [ -f $(SAGEMAKER_NOTEBOOK_METADATA) ]; then \
+		echo "SageMaker notebook instance: the instance's own JupyterLab lists \"$(KERNEL_DISPLAY_NAME)\" too (reload its page)"; \
+	fi
+	@if [ "$$(id -u)" = 0 ]; then \
+		echo "Running as root (id -u is 0): passing --allow-root, because JupyterLab refuses to start as root without it"; \
+		$(BIN)/jupyter lab --allow-root; \
+	else \
+		$(BIN)/jupyter lab; \
+	fi
 
 bench: setup
 	$(BIN)/python benchmarks/bench_data_parallel.py

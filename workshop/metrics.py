@@ -113,15 +113,17 @@ def series(records: list[dict[str, Any]], y: str, x: str = "step") -> dict[int, 
     return out
 
 
-def plot_per_rank(records: list[dict[str, Any]], panels: list[tuple[str, str]], title: str = ""):
-    """One subplot per (x, y) pair, one line per rank. Returns the matplotlib figure."""
+def plot_per_rank(records: list[dict[str, Any]], panels: list[tuple[str, str]], title: str = "",
+                  labels: dict[int, str] | None = None):
+    """One subplot per (x, y) pair, one line per rank, labelled `rank N` unless `labels` names that
+    rank's role (lab 1: rank 0 is the coordinator, which computes no gradients). Returns the figure."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (x, y) in zip(axes[0], panels, strict=True):
         for rank, (xs, ys) in sorted(series(records, y, x).items()):
-            ax.plot(xs, ys, marker="o" if len(xs) < 20 else None, label=f"rank {rank}")
+            ax.plot(xs, ys, marker="o" if len(xs) < 20 else None, label=(labels or {}).get(rank, f"rank {rank}"))
         if x in ("epoch", "step"):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(x)

@@ -450,3 +450,125 @@ def test_upload_channels_errors_name_the_fix(tmp_path: Path, s3: object) -> None
     with pytest.raises(WorkshopError) as info:
         data.upload_channels(channels, "no-such-bucket", "p", s3)
     assert "create the bucket" in info.value.fix
+
+
+# --------------------------------------------------------------------------- damaged channel files
+
+
+def _truncate(path: Path) -> None:
+    body = path.read_bytes()
+    path.write_bytes(body[: len(body) // 2])
+
+
+def _without_labels(path: Path) -> None:
+    with np.load(path) as npz:
+        images = npz["images"]
+    with open(path, "wb") as f:
+        np.savez_compressed(f, images=images)
+
+
+def _float_images(path: Path) -> None:
+    with np.load(path) as npz:
+        images, labels = npz["images"], npz["labels"]
+    with open(path, "wb") as f:
+        np.savez_compressed(f, images=images.astype(np.float32) / 255, labels=labels)
+
+
+def _bad_labels(path: Path) -> None:
+    with np.load(path) as npz:
+        images, labels = npz["images"], npz["labels"]
+    with open(path, "wb") as f:
+        np.savez_compressed(f, images=images, labels=labels + 10)
+
+
+def _fewer_digits(path: Path) -> None:  # a valid archive, shorter than its dataset.json says
+    with np.load(path) as npz:
+        images, labels = npz["images"], npz["labels"]
+    with open(path, "wb") as f:
+        np.savez_compressed(f, images=images[:10], labels=labels[:10])
+
+
+DAMAGE = {
+    "truncated": (_truncate, "damaged or truncated"),
+    "no_labels": (_without_labels, "has no array 'labels' (it has: images)"),
+    "float_images": (_float_images, "not uint8 [N, 28, 28]"),
+    "labels_not_digits": (_bad_labels, "not digits 0..9"),
+    "fewer_digits": (_fewer_digits, "holds 10 digits where its dataset.json records 4,000"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=str)
+def test_a_damaged_channel_file_is_refused_with_its_name_and_the_fix(tmp_path: Path, damage: str) -> None:
+    root = tmp_path / "mnist"
+    data.prepare_mnist(root, source="subset")
+    damaged = root / "train" / "mnist.npz"
+    spoil, problem = DAMAGE[damage]
+    spoil(damaged)
+    for attempt in (lambda: data.prepare_mnist(root, source="subset"), lambda: data.MNIST.prepared(root),
+                    lambda: data.MNIST.prepare(root)):
+        with pytest.raises(WorkshopError) as info:
+            attempt()
+        assert str(damaged) in info.value.message and problem in info.value.message, info.value.message
+        assert f"delete {damaged} and run again" in info.value.fix
+    # The fix works: delete it, and the channels are prepared afresh.
+    damaged.unlink()
+    assert data.prepare_mnist(root, source="subset").n_train == 4000
+
+
+def test_hand_written_channels_are_checked_too(tmp_path: Path) -> None:
+    for channel in data.CHANNELS:  # no dataset.json: channels a user wrote by hand
+        (tmp_path / channel).mkdir()
+        np.savez(tmp_path / channel / "mnist.npz", images=np.zeros((4, 28, 28), np.uint8), labels=np.arange(4))
+    assert data.MNIST.prepared(tmp_path).n_train == 4
+    np.save(tmp_path / "train" / "plain.npy", np.zeros(3))
+    os.replace(tmp_path / "train" / "plain.npy", tmp_path / "train" / "mnist.npz")
+    with pytest.raises(WorkshopError, match="single .npy array"):
+        data.MNIST.prepared(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "no_labels"])
+def test_run_local_refuses_a_damaged_channel_before_any_process_starts(tmp_path: Path, damage: str) -> None:
+    """Not marked slow: the guard in tests/conftest.py fails this test if the run starts a process."""
+    from workshop.labs import get_lab
+    from workshop.runner import run_local
+
+    root = tmp_path / "mnist"
+    data.prepare_mnist(root, source="subset")
+    damaged = root / "test" / "mnist.npz"
+    DAMAGE[damage][0](damaged)
+    runs = tmp_path / "runs"
+    with pytest.raises(WorkshopError) as info:
+        run_local(get_lab("data_parallel"), data_dir=root, runs_dir=runs, echo=False)
+    assert str(damaged) in info.value.message and "delete" in info.value.fix
+    assert not runs.exists() or not any(runs.iterdir())  # no run folder either
+
+
+def test_a_damaged_channel_is_not_uploaded(tmp_path: Path, s3: object) -> None:
+    channels = data.prepare_mnist(tmp_path / "mnist", source="subset")
+    _without_labels(channels.test_dir / "mnist.npz")
+    with pytest.raises(WorkshopError, match="has no array 'labels'"):
+        data.upload_channels(channels, "workshop-bucket", "p", s3)
+    assert "Contents" not in s3.client("s3").list_objects_v2(Bucket="workshop-bucket")  # type: ignore[attr-defined]
+
+
+def test_a_cut_off_corpus_is_refused_before_an_upload(tmp_path: Path, s3: object) -> None:
+    from workshop.datasets import corpus
+
+    channels = corpus.prepare_corpus(tmp_path / "corpus")
+    assert corpus.CORPUS.prepared(tmp_path / "corpus") is not None
+    text = channels.test_dir / corpus.CORPUS_FILE
+    text.write_bytes(text.read_bytes()[:100])
+    with pytest.raises(WorkshopError) as info:
+        corpus.CORPUS.prepared(tmp_path / "corpus")
+    assert str(text) in info.value.message and "100 bytes" in info.value.message
+    assert f"delete {text} and run again" in info.value.fix
+    with pytest.raises(WorkshopError, match="cut off"):
+        corpus.upload_corpus(channels, "workshop-bucket", s3)
+    assert "Contents" not in s3.client("s3").list_objects_v2(Bucket="workshop-bucket")  # type: ignore[attr-defined]
+    text.write_bytes(b"")
+    (channels.test_dir / "dataset.json").unlink()  # written by hand: any length will do, but not none
+    with pytest.raises(WorkshopError, match="is empty"):
+        corpus.CORPUS.prepared(tmp_path / "corpus")
+    text.unlink()  # the fix
+    assert corpus.CORPUS.prepared(tmp_path / "corpus") is None
+    assert corpus.CORPUS.prepare(tmp_path / "corpus").n_test == channels.n_test

@@ -372,6 +372,26 @@ def test_run_lab_dry_run_mode_needs_no_credentials(lab: Lab, data_dir: Path) -> 
     assert request["HyperParameters"] == {"lr": "0.1"}
 
 
+def test_a_damaged_channel_file_is_refused_before_anything_is_uploaded_or_created(
+    lab: Lab, fake_aws: FakeAws, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")
+    monkeypatch.setenv(aws.ROLE_ENV, fake_aws.role_arn)
+    damaged = data_dir / "train" / "mnist.npz"
+    np.savez(damaged, images=np.zeros((4, 28, 28), np.uint8))  # no labels
+    for dry_run in (True, False):
+        with pytest.raises(WorkshopError) as info:
+            runner.run_on_sagemaker(lab, hosts=2, procs_per_host=1, hyperparameters={}, data_dir=data_dir,
+                                    region=REGION, dry_run=dry_run, network=not dry_run)
+        assert str(damaged) in info.value.message and "has no array 'labels'" in info.value.message
+        assert f"delete {damaged}" in info.value.fix
+    assert not any(mnist.data_prefix() in key for key in fake_aws.objects())  # nothing uploaded
+    assert fake_aws.training_jobs() == []
+    from workshop.cloud.network import find_network
+
+    assert find_network(fake_aws.boto) is None  # nor the workshop network created
+
+
 def test_job_records_read_cloudwatch_like_a_local_run(fake_aws: FakeAws) -> None:
     logs = fake_aws.boto.client("logs")
     logs.create_log_group(logGroupName=sj.LOG_GROUP)

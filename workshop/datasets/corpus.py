@@ -91,6 +91,30 @@ def prepare_corpus(directory: str | os.PathLike[str] | None = None) -> CorpusCha
     return CorpusChannels(root / "train", root / "test", sizes["train"], sizes["test"], root, source)
 
 
+def check_channel(channel_dir: str | os.PathLike[str]) -> int:
+    """A channel's corpus.txt as the script reads it (bytes): there, readable, not empty, and as long
+    as its dataset.json records when it has one (a shorter file was cut off). Returns its size in
+    bytes; refuses with a `WorkshopError` naming the file and the fix, before anything is uploaded."""
+    folder = Path(channel_dir).expanduser()
+    path, root = folder / CORPUS_FILE, folder.parent
+    fix = (f"delete {path} and run again, which writes the corpus channels in {root} afresh "
+           f"(or `python -m workshop.datasets.corpus {root}`).")
+    try:
+        size = len(path.read_bytes())
+    except OSError as exc:
+        raise WorkshopError(f"Cannot read the corpus channel file {path} ({exc.strerror or exc}).", fix) from None
+    if size == 0:
+        raise WorkshopError(f"The corpus channel file {path} is empty, so every rank would fail on it.", fix)
+    try:
+        recorded = json.loads((folder / "dataset.json").read_text()).get("characters")
+    except (OSError, ValueError, AttributeError):
+        recorded = None  # a corpus written by hand: any text will do
+    if isinstance(recorded, int) and recorded != size:
+        raise WorkshopError(f"The corpus channel file {path} has {size:,} bytes where its dataset.json records "
+                            f"{recorded:,}: it was cut off or changed.", fix)
+    return size
+
+
 def data_prefix(user: str | None = None, key_prefix: str | None = None) -> str:
     """S3 key prefix of the corpus channels, under the SDK's default key prefix when the SDK
     config sets one (as `workshop.datasets.mnist.data_prefix`), where the workshop role may read."""
@@ -101,6 +125,8 @@ def data_prefix(user: str | None = None, key_prefix: str | None = None) -> str:
 def upload_corpus(channels: CorpusChannels, bucket: str, boto_session: Any,
                   key_prefix: str | None = None) -> dict[str, str]:
     """Upload the two channel folders once (an object with the same MD5 is skipped)."""
+    for folder in channels.dirs.values():  # nothing goes to S3 that the job's ranks could not read
+        check_channel(folder)
     s3 = boto_session.client("s3")
     uris = {}
     for channel, folder in channels.dirs.items():
@@ -129,14 +155,15 @@ class CorpusSource:
         return prepare_corpus(directory)
 
     def prepared(self, directory: Any = None) -> CorpusChannels | None:
-        """The channels in `directory` (or `directory` itself, if it is prepared channels), or None."""
+        """The channels in `directory` (or `directory` itself, if it is prepared channels), or None. A
+        channel file that is there but empty or cut off is refused (`check_channel`)."""
         if isinstance(directory, CorpusChannels):
             return directory
         root = Path(self.default_dir if directory is None else directory).expanduser()
         files = [root / channel / CORPUS_FILE for channel in CHANNELS]
         if not all(f.is_file() for f in files):
             return None
-        train, test = (f.stat().st_size for f in files)
+        train, test = (check_channel(root / channel) for channel in CHANNELS)
         return CorpusChannels(root / "train", root / "test", train, test, root, f"{CORPUS_FILE} files in {root}")
 
     def s3_prefix(self, user: str | None = None, key_prefix: str | None = None) -> str:

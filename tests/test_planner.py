@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -30,8 +31,21 @@ def test_zero_accounting_matches_hand_computed_bytes():
     for strategy, states in cases.items():
         mem = planner.memory_per_gpu(ONE_B, strategy, batch_size=4, data_parallel=8)
         assert mem.model_states == pytest.approx(states), strategy
-        assert mem.total == pytest.approx(states + acts), strategy
+        assert mem.total == pytest.approx(states + acts + mem.gathered), strategy
         assert mem.host == 0
+        assert (mem.gathered > 0) == (strategy == FULL)
+
+
+def test_full_sharding_also_holds_the_gathered_units_so_it_pays_to_shard_per_layer():
+    # FSDP2 gathers the computing unit and prefetches the next (2 units of 2-byte weights) and holds
+    # one unit's unsharded 2-byte gradients: a model wrapped whole (1 unit) gathers all of itself.
+    whole = planner.memory_per_gpu(ONE_B, FULL, 4, 8)
+    assert whole.gathered == pytest.approx(2e9 + 2e9)
+    layered = planner.memory_per_gpu(replace(ONE_B, fsdp_units=25), FULL, 4, 8)
+    assert layered.gathered == pytest.approx(1e9 / 25 * (2 * 2 + 2))
+    assert layered.model_states == whole.model_states  # the shards themselves do not change
+    offloaded = planner.memory_per_gpu(replace(ONE_B, fsdp_units=25), FULL, 4, 8, offload=True)
+    assert offloaded.model_states == 0 and offloaded.gathered == layered.gathered  # computed on the GPU
 
 
 def test_precision_presets_hold_the_stated_bytes_per_parameter():
@@ -53,14 +67,15 @@ def test_offload_moves_optimizer_state_and_for_full_sharding_everything_to_the_h
 
 
 def test_sharded_memory_falls_with_more_ranks_and_ddp_does_not():
+    layered = replace(ONE_B, fsdp_units=25)  # full sharding applied per layer, as it is in practice
     for strategy in (ZERO1, ZERO2, FULL):
-        totals = [planner.memory_per_gpu(ONE_B, strategy, 2, d).total for d in (1, 2, 4, 8, 64)]
+        totals = [planner.memory_per_gpu(layered, strategy, 2, d).total for d in (1, 2, 4, 8, 64)]
         assert all(a > b for a, b in zip(totals, totals[1:], strict=False)), strategy
     ddp = {planner.memory_per_gpu(ONE_B, DDP, 2, d).total for d in (1, 2, 64)}
     assert len(ddp) == 1
     # ...and the lighter the sharding, the more memory, at any rank count > 1.
     for d in (2, 8):
-        m = [planner.memory_per_gpu(ONE_B, s, 2, d).total for s in (DDP, ZERO1, ZERO2, FULL)]
+        m = [planner.memory_per_gpu(layered, s, 2, d).total for s in (DDP, ZERO1, ZERO2, FULL)]
         assert m == sorted(m, reverse=True)
 
 
@@ -113,6 +128,106 @@ def test_full_sharding_moves_one_and_a_half_times_the_ddp_volume():
     assert s_full.comm_s == pytest.approx(1.5 * s_ddp.comm_s)
     assert s_full.bytes_per_gpu == pytest.approx(1.5 * s_ddp.bytes_per_gpu)
     assert s_ddp.bytes_per_gpu == pytest.approx(2 * 15 / 16 * 2e9)  # 16 ranks, 2 bytes/grad
+
+
+def test_fsdp_moves_three_parameter_volumes_per_rank_on_nccl_and_four_on_gloo():
+    # NCCL, full_shard: per unit an all-gather in forward, another in backward, a reduce-scatter,
+    # each (n-1)/n of the unit's bytes per rank: 3 (n-1)/n x 2 GB for 1B params in bf16, 16 ranks.
+    m = Model("1B", params=1e9, flops_per_sample=6e9, fsdp_units=8)
+    nccl = planner.fsdp_comm(m, "ml.p4d.24xlarge", 16, 8, 2)
+    assert (nccl.units, nccl.allgathers, nccl.collectives) == (8, 2, 24)
+    assert nccl.allgather_bytes == pytest.approx(15 / 16 * 2e9 / 8)
+    assert nccl.reduce_scatter_bytes == pytest.approx(15 / 16 * 2e9 / 8)
+    assert nccl.bytes_per_rank == pytest.approx(3 * 2e9 * 15 / 16)
+    step = planner.step_time(m, "ml.p4d.24xlarge", FULL, 4, instance_count=2)
+    assert step.bytes_per_gpu == pytest.approx(3 * 2e9 * 15 / 16)
+    # gloo (lab 3's CNN, fp32): the reduce-scatter is a whole all-reduce, 2(n-1)/n: 4 (n-1)/n K in all.
+    cnn = Model("cnn", params=421_642, compute_s_per_sample=1e-3, fsdp_units=4)
+    local = planner.local_instance(devices=2, alpha_s=1e-4, bandwidth_Bps=1e9)
+    assert local.backend == "gloo"
+    k = 4 * 421_642
+    gloo = planner.fsdp_comm(cnn, local, 4, 4, 1, planner.FP32_SGD_MOMENTUM)
+    assert gloo.reduce_scatter_bytes == pytest.approx(2 * 3 / 4 * k / 4)
+    assert gloo.bytes_per_rank == pytest.approx(4 * 3 / 4 * k)
+    s = planner.step_time(cnn, local, FULL, 64, 1, procs_per_instance=4, precision=planner.FP32_SGD_MOMENTUM)
+    assert s.bytes_per_gpu == pytest.approx(4 * 3 / 4 * k)
+    # the all-gathers move the weights' dtype, the reduce-scatter the gradients' (lab 4: bf16 / fp32)
+    mixed = planner.fsdp_comm(m, "ml.p4d.24xlarge", 16, 8, 2, comm_dtype_bytes=4)
+    assert mixed.bytes_per_rank == pytest.approx(15 / 16 * (2 * 2e9 + 4e9))
+
+
+def test_gloos_reduce_scatter_costs_a_whole_allreduce_and_nccls_half():
+    local = planner.local_instance(devices=4, alpha_s=1e-4, bandwidth_Bps=1e9)
+    ar = planner.allreduce_s(8e6, local, 4, 1)
+    assert ar == pytest.approx(2 * 3 / 4 * 8e6 / 1e9 + 2 * 3 * 1e-4)
+    assert planner.reduce_scatter_s(8e6, local, 4, 1) == pytest.approx(ar)  # clone + all-reduce
+    assert planner.reduce_scatter_s(8e6, local, 4, 1, backend="nccl") == pytest.approx(ar / 2)
+    assert planner.allgather_s(8e6, local, 4, 1) == pytest.approx(ar / 2)  # a ring: (n-1)/n K, (n-1) alpha
+    p4d = planner.get_instance("ml.p4d.24xlarge")
+    assert p4d.backend == "nccl"
+    hier = planner.allreduce_s(8e6, p4d, 8, 4)
+    assert planner.reduce_scatter_s(8e6, p4d, 8, 4) == pytest.approx(hier / 2)
+    assert planner.allgather_s(8e6, p4d, 8, 4) == pytest.approx(hier / 2)
+
+
+def test_fsdp_pays_the_latency_of_three_collectives_per_unit():
+    # Latency only (bandwidth ~infinite): U units x (2 all-gathers + 1 reduce-scatter) x (n-1) alpha on
+    # NCCL, U x (2 (n-1) + 2 (n-1)) alpha on gloo; a whole-model view would count U = 1.
+    alpha, n = 1e-3, 4
+    fast = planner.local_instance(devices=n, alpha_s=alpha, bandwidth_Bps=1e30)
+    nccl = replace(fast, backend="nccl")
+    for units in (1, 4, 16):
+        m = Model("m", params=1e6, compute_s_per_sample=1e-3, fsdp_units=units)
+        on_nccl = planner.step_time(m, nccl, FULL, 1, 1, procs_per_instance=n)
+        on_gloo = planner.step_time(m, fast, FULL, 1, 1, procs_per_instance=n)
+        assert on_nccl.comm_s == pytest.approx(units * 3 * (n - 1) * alpha)
+        assert on_gloo.comm_s == pytest.approx(units * 4 * (n - 1) * alpha)
+    ddp = planner.step_time(Model("m", params=1e6, compute_s_per_sample=1e-3), nccl, DDP, 1, 1, procs_per_instance=n)
+    assert ddp.comm_s == pytest.approx(2 * (n - 1) * alpha)
+
+
+def test_fsdp_prefetch_hides_all_but_the_first_gathers_and_the_last_reduce_scatter_and_gloo_hides_nothing():
+    m = Model("m", params=1e8, compute_s_per_sample=1.0, fsdp_units=10)  # compute-bound: 10 s per step
+    p4d = planner.get_instance("ml.p4d.24xlarge")
+    c = planner.fsdp_comm(m, p4d, 8, 8, 1)
+    a, r = c.allgather_s, c.reduce_scatter_s
+    assert 0 < a < 1 and 0 < r < 1
+    none = planner.step_time(m, p4d, FULL, 10, overlap=0.0)
+    full = planner.step_time(m, p4d, FULL, 10, overlap=1.0)
+    assert none.exposed_comm_s == pytest.approx(none.comm_s) == pytest.approx(10 * (2 * a + r))
+    assert full.exposed_comm_s == pytest.approx(2 * a + r)  # forward's first, backward's first, last RS
+    half = planner.step_time(m, p4d, FULL, 10, overlap=0.5)
+    assert half.exposed_comm_s == pytest.approx((none.exposed_comm_s + full.exposed_comm_s) / 2)
+    # one unit: nothing to prefetch, nothing hidden
+    one = planner.step_time(replace(m, fsdp_units=1), p4d, FULL, 10, overlap=1.0)
+    assert one.exposed_comm_s == pytest.approx(one.comm_s)
+    # communication-bound: the pipeline hides the compute instead, all but one unit's
+    slow = replace(p4d, intra_node_GBps=1e-3)
+    cb = planner.step_time(m, slow, FULL, 10, overlap=1.0)
+    cs = planner.fsdp_comm(m, slow, 8, 8, 1)
+    f, b = 10 / 3 / 10, 20 / 3 / 10
+    assert cb.exposed_comm_s == pytest.approx(cs.serial_s + f + b - 10)
+    # gloo on CPU: FSDP2 blocks on every collective, whatever overlap says
+    local = planner.local_instance(devices=8, alpha_s=1e-4, bandwidth_Bps=1e9)
+    blocked = planner.step_time(m, local, FULL, 10, 1, procs_per_instance=8, overlap=1.0)
+    assert blocked.exposed_comm_s == pytest.approx(blocked.comm_s)
+
+
+def test_a_measured_fsdp_unit_cost_replaces_the_latency_terms_and_applies_to_one_process():
+    cnn = Model("cnn", params=421_642, compute_s_per_sample=1e-3, fsdp_units=4)
+    fp32 = planner.FP32_SGD_MOMENTUM
+    one = planner.local_instance(devices=2, alpha_s=0.0, bandwidth_Bps=1e9, fsdp_unit_s=4e-4)
+    alone = planner.step_time(cnn, one, FULL, 64, 1, procs_per_instance=1, precision=fp32)
+    assert alone.total_s == pytest.approx(0.064 + 4 * 4e-4)  # hooks, no collective at world size 1
+    assert planner.step_time(cnn, one, DDP, 64, 1, procs_per_instance=1, precision=fp32).total_s == pytest.approx(0.064)
+    two = planner.local_instance(devices=2, alpha_s=5e-4, bandwidth_Bps=1e9, fsdp_unit_s=3e-3)
+    s = planner.step_time(cnn, two, FULL, 64, 1, procs_per_instance=2, precision=fp32)
+    unit_bytes = 4 * 421_642 / 4
+    bandwidth = 2 * (1 / 2 * unit_bytes / 1e9) + 2 * 1 / 2 * unit_bytes / 1e9  # 2 AG + gloo's RS, no alpha
+    assert s.comm_s == pytest.approx(4 * (3e-3 + bandwidth))
+    assert s.total_s == pytest.approx(0.064 + s.comm_s)
+    with pytest.raises(WorkshopError):
+        planner.local_instance(2, 1e-4, 1e9, fsdp_unit_s=-1.0)
 
 
 # --------------------------------------------------------------------------- step, plan
@@ -186,8 +301,9 @@ def test_model_too_big_for_one_gpu_gets_the_lightest_sharding_that_fits():
 
 
 def test_offload_only_when_no_sharding_fits_and_a_clear_error_when_nothing_does():
-    # 13B on one g5.xlarge (24 GB, 21.6 usable): full sharding over 1 GPU = 208 GB; offloaded: 0.
-    m = Model("13B", params=13e9, activation_bytes_per_sample=2e9, compute_s_per_sample=1.0)
+    # 13B on one g5.xlarge (24 GB, 21.6 usable): full sharding over 1 GPU = 208 GB; offloaded: 0 of
+    # state, plus the units gathered to compute (40 layers: 13e9 / 40 x (2 x 2 + 2) = 1.95 GB).
+    m = Model("13B", params=13e9, activation_bytes_per_sample=2e9, compute_s_per_sample=1.0, fsdp_units=40)
     rec = planner.recommend(m, "ml.g5.xlarge", batch_size=1)
     assert rec.offload and rec.strategy in (ZERO1, ZERO2, FULL)
     assert rec.strategy == FULL  # ZeRO-1/2 + offload still keep 4 bytes/param of fp16 state
@@ -215,6 +331,8 @@ def test_offload_only_when_no_sharding_fits_and_a_clear_error_when_nothing_does(
         lambda: planner.recommend(ONE_B, "ml.p4d.24xlarge", 1, instance_count=1, gpus=8),
         lambda: Model("bad", params=0),
         lambda: Model("bad", params=1, compute_s_per_sample=-1),
+        lambda: Model("bad", params=1, fsdp_units=0),
+        lambda: planner.local_instance(2, 1e-4, 1e9, backend="mpi"),
     ],
 )
 def test_mistakes_raise_workshop_errors_that_name_a_fix(call):
@@ -269,6 +387,7 @@ def test_transformer_counts_lab4s_model_exactly():
     # layer): 134,912 parameters, the param_bytes / 4 its runs print summed over the shards.
     lab4 = planner.transformer("lab 4", layers=2, d_model=64, heads=4, seq_len=32, vocab=256, tied_embeddings=False)
     assert lab4.params == 134_912
+    assert lab4.fsdp_units == 3  # fully_shard on each of the 2 blocks, then on the root (embeddings, head)
 
 
 def test_transformer_rejects_heads_that_do_not_divide_the_width():

@@ -30,9 +30,12 @@ weights, momentum, variance):
     DDP                        (2 + 2 + 12) Psi
     optimizer sharding (ZeRO-1)  2 Psi + 2 Psi + 12 Psi / D
     + gradients      (ZeRO-2)  2 Psi + (2 + 12) Psi / D
-    full sharding (ZeRO-3/FSDP)  (2 + 2 + 12) Psi / D
+    full sharding (ZeRO-3/FSDP)  (2 + 2 + 12) Psi / D  + the gathered units: (min(2, U) 2 + 2) Psi / U
 
-plus activations (batch x activation bytes per sample). Offloading (ZeRO-Offload,
+plus activations (batch x activation bytes per sample). Full sharding gathers one unit's weights
+whole to compute with it, and FSDP2 prefetches the next (so two units at once), and holds one unit's
+unsharded gradients until their reduce-scatter: with one unit (a model wrapped whole) that is the
+whole model again, which is why FSDP is applied per layer. Offloading (ZeRO-Offload,
 https://arxiv.org/abs/2101.06840; FSDP's CPUOffload) moves the optimizer state (for full
 sharding: the parameters and gradients too) to host memory; the GPU keeps the rest.
 `Precision` holds the bytes per parameter, so fp32 Adam (4 + 4 + 8) and fp32 SGD with momentum
@@ -52,11 +55,48 @@ Communication Operations in MPICH", 2005; NCCL's bus bandwidth, nccl-tests PERFO
                                  W*K in and send W*K out through S links:
                                  max(2K/B_worker, 2 W K / (S B_server)) + 2 alpha
 
-DDP and ZeRO-1/2 move the volume of one all-reduce of the gradients per step; full sharding
-moves 1.5x that (all-gather of the weights for forward and again for backward, reduce-scatter
-of the gradients; ZeRO paper section 7). Communication overlapping compute (DDP's buckets) is a
-parameter, `overlap` (0: none, 1: all of it hidden behind the backward pass, taken as 2/3 of
-the compute).
+DDP and ZeRO-1/2 move the volume of one all-reduce of the gradients per step. Communication
+overlapping compute (DDP's buckets) is a parameter, `overlap` (0: none, 1: all of it hidden
+behind the backward pass, taken as 2/3 of the compute).
+
+Full sharding (ZeRO-3; PyTorch FSDP2 `fully_shard`, full_shard) works per *unit*, each module
+wrapped by `fully_shard` (lab 4: one per transformer block, plus the root's embeddings and head;
+`Model.fsdp_units`). For U units of equal size, a model of P parameter bytes (the dtype the
+all-gather moves) and G gradient bytes (the reduce dtype), n ranks, each unit per step does:
+
+    forward   all-gather of its weights        (n-1)/n * P/U sent per rank, (n-1) alpha
+    backward  all-gather again (reshard_after_forward=True, the full_shard default), the same
+              reduce-scatter of its gradients  NCCL: (n-1)/n * G/U, (n-1) alpha
+                                               gloo: 2(n-1)/n * G/U, 2(n-1) alpha: PyTorch's
+                                               ProcessGroupGloo has no reduce-scatter of its own;
+                                               it clones the input, all-reduces it whole and keeps
+                                               its chunk (measured: 64 MiB on 2 ranks put 128 MiB
+                                               on loopback, as all_reduce does; all-gather 64 MiB)
+
+so per rank-step NCCL moves (n-1)/n (2P + G), 3(n-1)/n K when P = G = K (ZeRO paper section 7's
+1.5 all-reduces), gloo (n-1)/n (2P + 2G); and there are 3U collectives, each paying its latency
+(U times the latency of the 1.5 all-reduces a whole-model view would count). Across instances each
+collective is half of the all-reduce `algorithm` ('hierarchical': inside, then across).
+
+Overlap (`overlap`): on GPUs FSDP2 runs its collectives on their own CUDA streams and prefetches
+one unit ahead (forward: unit u+1's all-gather while unit u computes; backward: the next unit's
+all-gather and the previous unit's reduce-scatter while unit u computes). With forward f and
+backward b per unit (1/3 and 2/3 of the compute, / U), all-gather a and reduce-scatter r per unit,
+one link carrying both:
+
+    forward  = a + (U-1) max(f, a) + f        backward = a + (U-1) max(b, a + r) + b + r
+
+and the exposed communication is forward + backward - compute (U=1: all of it; many units and
+compute-bound: the first all-gathers and the last reduce-scatter). `overlap` interpolates between
+no overlap (0) and this pipeline (1). On CPU tensors with gloo there is nothing to overlap: FSDP2's
+streams are no-ops there and it issues every all-gather and reduce-scatter with async_op=False, so
+the one training thread blocks on each (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py);
+`backend="gloo"` instances get no overlap for full sharding whatever `overlap` says. What a unit
+costs besides its bytes on such a host (FSDP2's hooks and copies, and the wake-ups of its three
+blocking collectives, which the barrier-synchronised all-reduce fit does not see) can be given
+as a measured `InstanceType.fsdp_unit_s` (benchmarks/bench_strategies.py measures it on toy units
+with no compute and no bytes); it then replaces the collectives' latency terms, and also applies
+to one process, where FSDP2 runs its hooks but no collective.
 
 Compute per step = per-GPU batch x seconds per sample: measured, or FLOPs per sample /
 (peak FLOP/s x `mfu`, the fraction of peak a real job reaches). When more processes share an
@@ -101,6 +141,10 @@ class InstanceType:
     pcie_GBps: float = 16.0  # host <-> device, per device (for offloading)
     host_memory_gb: float | None = None  # instance RAM (offloaded states live there)
     price_source: str = ""
+    backend: str = "nccl"  # "nccl" (GPUs) or "gloo" (CPU tensors: no native reduce-scatter, no streams)
+    # Measured fixed cost of one FSDP unit per step (hooks, copies, the latency of its blocking
+    # collectives); None: the alpha terms of its collectives and no host cost (GPU hosts run ahead).
+    fsdp_unit_s: float | None = None
 
     @property
     def network_Bps(self) -> float:
@@ -210,13 +254,28 @@ def get_instance(instance_type: str | InstanceType) -> InstanceType:
     return found
 
 
-def local_instance(devices: int, alpha_s: float, bandwidth_Bps: float, name: str = "this machine") -> InstanceType:
-    """A CPU host as the planner sees it: `devices` cores, loopback with a measured alpha/B."""
+def local_instance(devices: int, alpha_s: float, bandwidth_Bps: float, name: str = "this machine",
+                   backend: str = "gloo", fsdp_unit_s: float | None = None) -> InstanceType:
+    """A CPU host as the planner sees it: `devices` cores, loopback with a measured alpha/B, gloo;
+    `fsdp_unit_s`: FSDP's measured fixed cost per unit per step at this process count, if known."""
+    _check_backend(backend)
+    if fsdp_unit_s is not None and fsdp_unit_s < 0:
+        raise WorkshopError(f"fsdp_unit_s must be 0 or more, got {fsdp_unit_s}.",
+                            "give the measured seconds per FSDP unit per step, or None.")
     return InstanceType(
         name=name, gpus=devices, gpu_memory_gb=math.inf, network_gbps=bandwidth_Bps * 8 / 1e9,
         peak_tflops=None, intra_node_GBps=bandwidth_Bps / GB, usd_per_hour=None,
         source="measured: benchmarks/bench_allreduce.py", alpha_s=alpha_s, intra_alpha_s=alpha_s,
+        backend=backend, fsdp_unit_s=fsdp_unit_s,
     )
+
+
+BACKENDS = ("nccl", "gloo")
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise WorkshopError(f"Unknown backend {backend!r}.", f"use one of {', '.join(BACKENDS)}.")
 
 
 # --------------------------------------------------------------------------- model, precision
@@ -250,6 +309,10 @@ class Model:
     activation_bytes_per_sample: float = 0.0
     flops_per_sample: float | None = None  # forward + backward (e.g. 6 x params x tokens)
     compute_s_per_sample: float | None = None  # measured on one device; wins over flops
+    # Modules wrapped by FSDP's fully_shard that hold parameters: one all-gather unit each
+    # (lab 4: one per transformer block + the root's embeddings and head; lab 3's CNN in
+    # benchmarks/workers/cnn_worker.py: its 4 layers). Only full sharding's step time uses it.
+    fsdp_units: int = 1
 
     def __post_init__(self):
         if not self.params > 0:
@@ -263,6 +326,10 @@ class Model:
             if value is not None and not value > 0:
                 raise WorkshopError(f"Model {self.name!r}: {name} must be positive, got {value}.",
                                     "leave it None or give a positive number.")
+        if not isinstance(self.fsdp_units, int) or isinstance(self.fsdp_units, bool) or self.fsdp_units < 1:
+            raise WorkshopError(f"Model {self.name!r}: fsdp_units must be a whole number of at least 1, "
+                                f"got {self.fsdp_units!r}.",
+                                "count the modules fully_shard wraps that hold parameters (1: the whole model).")
 
 
 def transformer(
@@ -282,7 +349,8 @@ def transformer(
     - activation bytes kept per sequence (Korthikanti et al., "Reducing Activation
       Recomputation in Large Transformer Models", https://arxiv.org/abs/2205.05198, equation 1,
       16-bit activations): s h (34 + 5 a s / h) per layer; without the attention scores (fused
-      / flash attention) s h 34; with full checkpointing only each layer's input, 2 s h.
+      / flash attention) s h 34; with full checkpointing only each layer's input, 2 s h;
+    - FSDP units: one per layer plus the root (embeddings, final norm, head), as lab 4 wraps it.
     """
     for label, value in (("layers", layers), ("d_model", d_model), ("heads", heads),
                          ("seq_len", seq_len), ("vocab", vocab)):
@@ -298,7 +366,8 @@ def transformer(
         acts = 2 * s * h * L
     else:
         acts = s * h * (34 + (5 * a * s / h if stores_attention_scores else 0)) * L
-    return Model(name, params=params, activation_bytes_per_sample=acts, flops_per_sample=flops)
+    return Model(name, params=params, activation_bytes_per_sample=acts, flops_per_sample=flops,
+                 fsdp_units=L + 1)
 
 
 # --------------------------------------------------------------------------- strategies
@@ -336,6 +405,9 @@ class Memory:
     optimizer: float
     activations: float
     host: float = 0.0  # offloaded to the instance's CPU memory, per GPU
+    # Full sharding's transient buffers: the units gathered at once (the one computing and the
+    # one prefetched) and one unit's unsharded gradients before its reduce-scatter.
+    gathered: float = 0.0
 
     @property
     def model_states(self) -> float:
@@ -343,7 +415,7 @@ class Memory:
 
     @property
     def total(self) -> float:
-        return self.model_states + self.activations
+        return self.model_states + self.activations + self.gathered
 
 
 def memory_per_gpu(
@@ -368,12 +440,16 @@ def memory_per_gpu(
     elif strategy == FULL:
         p, g, o = p / d, g / d, o / d
     acts = batch_size * model.activation_bytes_per_sample / tensor_parallel
+    gathered = 0.0
+    if strategy == FULL:  # FSDP2: the computing unit + the prefetched one, whole; one unit's gradients
+        u = model.fsdp_units
+        gathered = psi / u * (min(2, u) * precision.param_bytes + precision.grad_bytes)
     host = 0.0
     if offload:
         host, o = o, 0.0
         if strategy == FULL:  # FSDP CPUOffload / ZeRO-Infinity: the shards live on the host
             host, p, g = host + p + g, 0.0, 0.0
-    return Memory(p, g, o, acts, host)
+    return Memory(p, g, o, acts, host, gathered)
 
 
 # --------------------------------------------------------------------------- communication
@@ -417,6 +493,91 @@ def allreduce_s(nbytes: float, inst: InstanceType, gpus_per_node: int, nodes: in
         raise WorkshopError(f"Unknown all-reduce algorithm {algorithm!r}.", "use 'ring' or 'hierarchical'.")
     bw, alpha = flat_ring_bandwidth(inst, gpus_per_node, nodes)
     return ring_allreduce_s(nbytes, gpus_per_node * nodes, bw, alpha)
+
+
+def allgather_s(nbytes: float, inst: InstanceType, gpus_per_node: int, nodes: int,
+                algorithm: str = "hierarchical") -> float:
+    """All-gather of an `nbytes` result (each rank holds 1/n of it): half an all-reduce, ring or
+    hierarchical, on NCCL and on gloo alike."""
+    return allreduce_s(nbytes, inst, gpus_per_node, nodes, algorithm) / 2
+
+
+def reduce_scatter_s(nbytes: float, inst: InstanceType, gpus_per_node: int, nodes: int,
+                     algorithm: str = "hierarchical", backend: str | None = None) -> float:
+    """Reduce-scatter of an `nbytes` input: half an all-reduce on NCCL; on gloo a whole one
+    (ProcessGroupGloo clones the input, all-reduces it and keeps its own chunk)."""
+    backend = inst.backend if backend is None else backend
+    _check_backend(backend)
+    full = allreduce_s(nbytes, inst, gpus_per_node, nodes, algorithm)
+    return full if backend == "gloo" else full / 2
+
+
+@dataclass(frozen=True)
+class FsdpComm:
+    """Full sharding's collectives in one step, per rank: `units` units, each with `allgathers`
+    all-gathers of its weights and one reduce-scatter of its gradients."""
+
+    units: int
+    allgathers: int  # per unit: 2 with reshard_after_forward (full_shard), 1 without
+    allgather_bytes: float  # bytes one rank sends in one unit's all-gather
+    reduce_scatter_bytes: float  # ... in one unit's reduce-scatter (gloo: a whole all-reduce's)
+    allgather_s: float  # one unit's all-gather (its latency included unless fixed_s is measured)
+    reduce_scatter_s: float  # one unit's reduce-scatter (likewise)
+    fixed_s: float = 0.0  # measured fixed cost per unit (InstanceType.fsdp_unit_s), never hidden
+
+    @property
+    def collectives(self) -> int:
+        return self.units * (self.allgathers + 1) if self.allgather_bytes or self.reduce_scatter_bytes else 0
+
+    @property
+    def bytes_per_rank(self) -> float:
+        return self.units * (self.allgathers * self.allgather_bytes + self.reduce_scatter_bytes)
+
+    @property
+    def serial_s(self) -> float:
+        """Every collective and fixed cost one after the other: nothing overlapped."""
+        return self.units * (self.allgathers * self.allgather_s + self.reduce_scatter_s + self.fixed_s)
+
+    def exposed_s(self, compute_s: float, overlap: float) -> float:
+        """What compute does not hide. overlap=1: FSDP2's one-unit-ahead prefetch pipeline (see the
+        module docstring); 0: none; in between, a mix of the two."""
+        if overlap == 0 or compute_s <= 0:
+            return self.serial_s
+        u, a, r = self.units, self.allgather_s, self.reduce_scatter_s
+        a_back = a if self.allgathers > 1 else 0.0  # backward re-gathers only if resharded
+        f, b = compute_s / 3 / u, compute_s * 2 / 3 / u
+        forward = a + (u - 1) * max(f, a) + f
+        backward = a_back + (u - 1) * max(b, a_back + r) + b + r
+        pipelined = max(0.0, forward + backward - compute_s) + u * self.fixed_s
+        return (1 - overlap) * self.serial_s + overlap * pipelined
+
+
+def fsdp_comm(model: Model, instance_type: str | InstanceType, data_parallel: int, gpus_per_node: int,
+              nodes: int, precision: Precision = MIXED_ADAM, tensor_parallel: int = 1,
+              algorithm: str = "hierarchical", comm_dtype_bytes: float | None = None,
+              reshard_after_forward: bool = True) -> FsdpComm:
+    """One step of FSDP's per-unit collectives over `data_parallel` ranks (the module docstring's
+    formulas): all-gathers move the weights (`precision.param_bytes`), reduce-scatters the
+    gradients (`comm_dtype_bytes`, else `precision.grad_bytes`). One rank (FSDP2 at world size 1)
+    runs no collective, only its fixed per-unit cost, if measured."""
+    inst = get_instance(instance_type)
+    _positive_int("data_parallel", data_parallel)
+    u, n = model.fsdp_units, data_parallel
+    fixed = inst.fsdp_unit_s or 0.0
+    if n == 1:
+        return FsdpComm(u, 2 if reshard_after_forward else 1, 0.0, 0.0, 0.0, 0.0, fixed)
+    psi = model.params / tensor_parallel
+    p_unit, g_unit = psi * precision.param_bytes / u, psi * (comm_dtype_bytes or precision.grad_bytes) / u
+    rs_volume = 2 if inst.backend == "gloo" else 1
+    # A measured per-unit cost includes the collectives' latency: time their bytes only.
+    timing = replace(inst, alpha_s=0.0, intra_alpha_s=0.0) if inst.fsdp_unit_s is not None else inst
+    return FsdpComm(
+        units=u, allgathers=2 if reshard_after_forward else 1,
+        allgather_bytes=(n - 1) / n * p_unit, reduce_scatter_bytes=rs_volume * (n - 1) / n * g_unit,
+        allgather_s=allgather_s(p_unit, timing, gpus_per_node, nodes, algorithm),
+        reduce_scatter_s=reduce_scatter_s(g_unit, timing, gpus_per_node, nodes, algorithm),
+        fixed_s=fixed,
+    )
 
 
 def parameter_server_s(nbytes: float, workers: int, servers: int, worker_Bps: float,
@@ -495,16 +656,24 @@ def step_time(
         comm = parameter_server_s(grad_bytes, workers, instance_count, link, server_link,
                                   inst.alpha_s if instance_count > 1 else inst.intra_alpha_s)
         sent = 2 * grad_bytes
+    elif strategy == FULL:
+        fsdp = fsdp_comm(model, inst, dp, max(1, g), nodes, precision, tensor_parallel, algorithm,
+                         comm_dtype_bytes)
+        comm, sent = fsdp.serial_s, fsdp.bytes_per_rank
     else:
-        volume = 1.5 if strategy == FULL else 1.0  # ZeRO section 7: 3 half-all-reduces vs 2
-        comm = volume * allreduce_s(grad_bytes, inst, max(1, g), nodes, algorithm) if dp > 1 else 0.0
-        sent = volume * 2 * (dp - 1) / dp * grad_bytes if dp > 1 else 0.0
+        comm = allreduce_s(grad_bytes, inst, max(1, g), nodes, algorithm) if dp > 1 else 0.0
+        sent = 2 * (dp - 1) / dp * grad_bytes if dp > 1 else 0.0
+    pcie = 0.0
     if offload:
         # Gradients down to the host, updated weights back up, over PCIe, per GPU's shard.
         shard = model.params / tensor_parallel / (dp if strategy != DDP else 1)
-        comm += shard * (precision.grad_bytes + precision.param_bytes) / (inst.pcie_GBps * GB)
-    exposed = max(0.0, comm - overlap * compute * 2 / 3)
-    return Step(compute, comm, exposed, sent)
+        pcie = shard * (precision.grad_bytes + precision.param_bytes) / (inst.pcie_GBps * GB)
+    if strategy == FULL:
+        # gloo (CPU tensors): FSDP2 blocks on every collective, so nothing overlaps.
+        exposed = fsdp.exposed_s(compute, 0.0 if inst.backend == "gloo" else overlap) + pcie
+    else:
+        exposed = max(0.0, comm + pcie - overlap * compute * 2 / 3)
+    return Step(compute, comm + pcie, exposed, sent)
 
 
 # --------------------------------------------------------------------------- plans
@@ -682,8 +851,8 @@ def recommend(
                     p,
                 )
     full = p.row(FULL, True)
-    need = math.ceil(model.params * p.precision.total / (cap * GB - full.memory.activations)
-                     / inst.gpus) if cap * GB > full.memory.activations else None
+    fixed = full.memory.activations + full.memory.gathered  # neither falls with more instances
+    need = math.ceil(model.params * p.precision.total / (cap * GB - fixed) / inst.gpus) if cap * GB > fixed else None
     raise WorkshopError(
         f"Nothing fits on {where}: even full sharding needs "
         f"{p.row(FULL).memory.total / GB:.1f} GB per GPU (activations "

@@ -149,6 +149,17 @@ def test_bad_spot_settings_are_refused_before_anything_starts(args, error, no_aw
     assert error in err and "Fix:" in err, err
 
 
+def test_spot_for_a_script_that_writes_no_checkpoint_is_refused(no_aws):
+    """Lab 4 checkpoints only with --checkpoint-every N (its default 0 keeps the measurements clean): on spot,
+    an interruption would start it over, so spot without checkpoints is refused, with the flag to set."""
+    with pytest.raises(WorkshopError, match="with checkpoint-every 0 writes no checkpoint") as refused:
+        dry_run(LAB4, show=False, spot=True)
+    assert "--hp checkpoint-every=50" in refused.value.fix
+    request = dry_run(LAB4, show=False, spot=True, hyperparameters={"checkpoint-every": 50})
+    assert request["EnableManagedSpotTraining"] is True and request["CheckpointConfig"]["S3Uri"].startswith("s3://")
+    assert dry_run(LAB3, show=False, spot=True)["EnableManagedSpotTraining"] is True  # lab 3 checkpoints every epoch
+
+
 def test_a_search_on_spot_is_refused(no_aws):
     from workshop.search import SearchSpace
 

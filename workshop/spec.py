@@ -129,6 +129,9 @@ class Lab:
     routes: tuple[SageMakerDefaults, ...] = ()  # other routes, chosen by name
     # The lab's own offline check of a `workshop.jobs.JobPlan` (returns it), after the launcher's.
     sagemaker_check: Callable[[Any], Any] | None = None
+    # The script flag whose value 0 means it writes no checkpoint (lab 4: checkpoint-every); a spot job
+    # with it at 0 is refused, since an interruption would start it over. None: it always checkpoints.
+    checkpoint_flag: str | None = None
     aliases: tuple[str, ...] = ()
     # Names that select this lab together with its siblings in the same folder (lab 2 has a
     # PyTorch and a TensorFlow script): `python -m workshop run 2_horovod` runs both.

@@ -330,7 +330,14 @@ def plan_job(
             "use backend=auto or gloo on CPU instances, or a GPU instance type such as ml.g5.xlarge.",
         )
 
-    lab.validate_hyperparameters(hyperparameters, world_size=world_size, train_samples=train_samples)
+    parsed = lab.validate_hyperparameters(hyperparameters, world_size=world_size, train_samples=train_samples)
+    flag = lab.checkpoint_flag
+    if spot and flag and not getattr(parsed, flag.replace("-", "_"), 1):
+        raise WorkshopError(
+            f"A spot job of lab {lab.key!r} with {flag} 0 writes no checkpoint, so each interruption would "
+            "start it over from the first step: spot needs checkpoints to resume from.",
+            f"pass hyperparameters={{'{flag}': 50}} (CLI: --hp {flag}=50), or drop spot.",
+        )
     custom_image = image_uri is not None
     if custom_image:
         if not isinstance(image_uri, str) or not re.fullmatch(r"[\w.-]+(:\d+)?/[\w./-]+(:[\w.-]+|@sha256:[0-9a-f]{64})", image_uri):

@@ -52,6 +52,15 @@ def _offline_mnist(monkeypatch):
     monkeypatch.setenv("WORKSHOP_MNIST_SOURCE", os.environ.get("WORKSHOP_MNIST_SOURCE", "subset"))
 
 
+@pytest.fixture(autouse=True)
+def _cost_confirmed_only_where_a_test_says_so(monkeypatch):
+    """A launch's cost is confirmed by the test itself (confirm_cost=True, --yes), never by a
+    WORKSHOP_CONFIRM_COST the person running the tests exported: refusals stay tested."""
+    from workshop.cloud.cost import CONFIRM_COST_ENV
+
+    monkeypatch.delenv(CONFIRM_COST_ENV, raising=False)
+
+
 def repo_path(*parts: str) -> Path:
     return REPO_ROOT.joinpath(*parts)
 

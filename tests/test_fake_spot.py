@@ -184,7 +184,7 @@ def test_lab3_on_spot_is_interrupted_once_and_completes_from_its_checkpoint(fake
 
     hyperparameters = {"epochs": 2, "checkpoint-every": 5, "log-interval": 5}
     result = run_on_sagemaker(get_lab("data_parallel"), hosts=2, procs_per_host=1, spot=True, max_run_s=900,
-                              hyperparameters=hyperparameters, data_dir=mnist_dir)
+                              hyperparameters=hyperparameters, data_dir=mnist_dir, confirm_cost=True)
     assert result.status == "Completed", result.failure_reason
     assert result.spot_line() in capsys.readouterr().out
     boto = boto3.Session(region_name=fake.region)

@@ -372,7 +372,8 @@ def test_run_lab_on_sagemaker_with_network_and_role(boto: Any, tmp_path: Path, c
         (data / channel).mkdir(parents=True)
         np.savez(data / channel / "mnist.npz", images=np.zeros((4, 28, 28), np.uint8), labels=np.arange(4))
     result = runner.run_on_sagemaker("data_parallel", hosts=2, procs_per_host=None, hyperparameters={"epochs": 1, "batch-size": 2},
-                                     data_dir=data, region=REGION, network=True, create_role=True, wait=False)
+                                     data_dir=data, region=REGION, network=True, create_role=True, wait=False,
+                                     confirm_cost=True)
     described = boto.client("sagemaker").describe_training_job(TrainingJobName=result.job_name)
     net_vpc = cloud.find_network(boto)
     subnets = boto.client("ec2").describe_subnets(Filters=[{"Name": "vpc-id", "Values": [net_vpc]}])["Subnets"]

@@ -553,7 +553,8 @@ def test_on_the_fake_sagemaker_the_wheel_is_built_once_then_installed_from_its_c
     from workshop.runner import run_on_sagemaker
 
     _cached_wheel()
-    args = dict(hosts=2, procs_per_host=1, hyperparameters=QUICK, data_dir=channels["train"].parent)
+    args = dict(hosts=2, procs_per_host=1, hyperparameters=QUICK, data_dir=channels["train"].parent,
+                confirm_cost=True)
     with fake_sagemaker.FakeSageMaker(workdir=tmp_path / "fake") as fake:
         first = run_on_sagemaker(PT, **args)
         out = capsys.readouterr().out

@@ -7,7 +7,9 @@ environment's Python, with two cells injected:
 - first: start `tests/fake_sagemaker.py` in the kernel (moto in-process, with
   CreateTrainingJob running the job it was given on the local cluster: S3 in, CloudWatch logs,
   metrics, `model.tar.gz` out; no AWS account);
-- right after the `parameters`-tagged cell: `mode = "sagemaker"` (plus `OVERRIDES` below).
+- right after the `parameters`-tagged cell: `mode = "sagemaker"` and `confirm_cost = True` (each
+  notebook's own parameter, passed by its SageMaker cells: the confirmation a reader gives after
+  reading the cost bound), plus `OVERRIDES` below.
 
 and one at the end that prints what the fake ran. The notebook must run without an error, and
 its outputs must show that a training job really ran and completed there: the fake's record of
@@ -122,7 +124,8 @@ def _code(source: str, tag: str) -> nbformat.NotebookNode:
 
 
 def _prepare(nb: nbformat.NotebookNode, key: str) -> nbformat.NotebookNode:
-    """The notebook with the fake started first and `mode = "sagemaker"` after its parameters."""
+    """The notebook with the fake started first, and `mode = "sagemaker"` and `confirm_cost = True`
+    after its parameters."""
     tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(tagged) == 1, f"{key}: expected one cell tagged 'parameters', found {len(tagged)}"
     start = _code(
@@ -133,7 +136,8 @@ def _prepare(nb: nbformat.NotebookNode, key: str) -> nbformat.NotebookNode:
         f"print({PYTHON_MARK!r} + sys.executable)\n",
         "injected-fake-sagemaker",
     )
-    params = _code('mode = "sagemaker"\n' + OVERRIDES.get(key, ""), "injected-parameters")
+    assert "confirm_cost = False" in nb.cells[tagged[0]].source, f"{key}: no confirm_cost parameter"
+    params = _code('mode = "sagemaker"\nconfirm_cost = True\n' + OVERRIDES.get(key, ""), "injected-parameters")
     summary = _code(
         "import json\n"
         f"print({SUMMARY_MARK!r} + json.dumps(fake_sagemaker.active().summary()))\n"
@@ -203,6 +207,8 @@ def test_notebook_runs_in_sagemaker_mode(path: Path, kernel_name: str, tmp_path:
         assert f"[sagemaker] job {name} Completed" in text
         assert f"#/jobs/{name}" in text
     assert re.search(r"accuracy[^\n]*\d\.\d+", text, re.IGNORECASE), "no accuracy line in the outputs"
+    # Every launch was confirmed by the notebook's own parameter, after its cost bound was printed.
+    assert "cost confirmed (confirm_cost=True)" in text and text.index("cost: at most") < text.index("cost confirmed")
     for expected in EXPECTED_OUTPUT.get(key, ()):
         assert expected in text, f"{expected!r} is missing from the outputs"
     if "download_model(" in "".join(c.source for c in nb.cells):  # the model the job wrote came from S3

@@ -349,7 +349,8 @@ def test_run_lab_on_sagemaker_end_to_end(
     monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")
     monkeypatch.setenv(aws.ROLE_ENV, fake_aws.role_arn)
     result = runner.run_on_sagemaker(
-        lab, hosts=2, procs_per_host=1, hyperparameters={"epochs": 1}, data_dir=data_dir, region=REGION
+        lab, hosts=2, procs_per_host=1, hyperparameters={"epochs": 1}, data_dir=data_dir, region=REGION,
+        confirm_cost=True,
     )
     assert isinstance(result, sj.JobResult) and result.status == "Completed"
     described = fake_aws.boto.client("sagemaker").describe_training_job(TrainingJobName=result.job_name)

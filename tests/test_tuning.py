@@ -364,7 +364,7 @@ def test_on_the_fake_service_each_trial_is_a_whole_distributed_job(no_aws, tmp_p
 
     monkeypatch.setenv("WORKSHOP_USER", "alice")
     with fake_sagemaker.FakeSageMaker(workdir=tmp_path / "fake", start_skew_s=1.0) as fake:
-        result = tune(LAB, ["lr=0.02,0.05"], mode="sagemaker", hosts=2, parallel=2, data_dir=mnist_dir,
+        result = tune(LAB, ["lr=0.02,0.05"], mode="sagemaker", hosts=2, parallel=2, data_dir=mnist_dir, confirm_cost=True,
                       hyperparameters={"epochs": 1, "max-steps": 8, "log-interval": 2})
         out = capsys.readouterr().out
         [record] = fake.tuning_jobs

@@ -4,15 +4,18 @@
     python -m workshop run LAB [--hosts N] [--procs-per-host P] [--mode local|sagemaker]
                                [--dry-run] [--hp KEY=VALUE ...] [--route ROUTE]
                                [--allow-unsupported-image] [--workdir DIR] [--checkpoint-dir DIR]
-                               [--max-restarts K] [--fault kill-rank=R@step=S] [--spot [--max-wait S]]
+                               [--max-restarts K] [--fault kill-rank=R@step=S] [--spot [--max-wait S]] [--yes]
     python -m workshop run all            # every lab, locally, then a summary table
     python -m workshop tune LAB --param lr=0.01,0.02,0.04 [--param batch-size=32,64] [--trials N]
-                                [--parallel K] [--mode local|sagemaker] [--dry-run] [--hp KEY=VALUE ...]
-    python -m workshop network [--nat] [--show] [--cidr CIDR]   # the workshop VPC (create/reuse)
+                                [--parallel K] [--mode local|sagemaker] [--dry-run] [--hp KEY=VALUE ...] [--yes]
+    python -m workshop network [--nat] [--show] [--cidr CIDR] [--yes]   # the workshop VPC (create/reuse)
     python -m workshop role                                     # the workshop's execution role
     python -m workshop cleanup [--delete-s3]                    # stop jobs, delete network/role
 
-`run all` in local mode is the workshop's main job (`make workshop`).
+`run all` in local mode is the workshop's main job (`make workshop`). Whatever costs money (a
+SageMaker job or tuning job, the workshop network) prints its cost bound first and starts only
+once confirmed: on a terminal it asks; `--yes` (or WORKSHOP_CONFIRM_COST=1) confirms up front;
+without either, elsewhere, it stops with exit status 2 and creates nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--route", default=None,
                      help="sagemaker mode: the lab's SageMaker route (lab 4: fsdp, or smp for the SMP v2 image, opt-in); "
                      "default: the lab's first")
+    run.add_argument("--yes", "-y", action="store_true",
+                     help="sagemaker mode: start without asking, having read the cost bound (default: ask on a "
+                          "terminal, refuse elsewhere; WORKSHOP_CONFIRM_COST=1 confirms too)")
     run.add_argument("--allow-unsupported-image", action="store_true",
                      help="sagemaker mode: run a framework image past its end of patch anyway (smddp, lab 4's SMP route)")
     tune = sub.add_parser("tune", help="a hyperparameter search: many independent trials (job parallelism)")
@@ -138,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--nat", action="store_true", help="a NAT gateway instead of interface endpoints (reaches PyPI)")
     net.add_argument("--show", action="store_true", help="only say whether it exists; create nothing")
     net.add_argument("--cidr", default=None, help="the VPC's CIDR block (default 10.87.0.0/16, or the first free 10.N.0.0/16)")
+    net.add_argument("--yes", "-y", action="store_true",
+                     help="create it without asking (it costs per hour while it exists)")
     net.add_argument("--region", default=None)
     role = sub.add_parser("role", help="create or reuse your workshop SageMaker execution role")
     role.add_argument("--region", default=None)
@@ -145,6 +154,25 @@ def build_parser() -> argparse.ArgumentParser:
     clean.add_argument("--delete-s3", action="store_true", help="also delete your workshop objects in S3")
     clean.add_argument("--region", default=None)
     return parser
+
+
+def cost_confirmation(args: argparse.Namespace) -> bool | Callable[[str], bool]:
+    """What confirms a launch's cost: True with --yes; on a terminal, a question, asked once the
+    bound is printed; else False, and the launch stops before creating anything (the runner, or
+    `require_confirmation`, decides; WORKSHOP_CONFIRM_COST=1 confirms in every case)."""
+    if args.yes:
+        return True
+    if sys.stdin is None or not sys.stdin.isatty():
+        return False
+
+    def ask(sentence: str) -> bool:
+        try:
+            answer = input(f"{sentence}. Start it? [y/N] ")
+        except EOFError:
+            return False
+        return answer.strip().lower() in ("y", "yes")
+
+    return ask
 
 
 def run_infra(args: argparse.Namespace) -> int:
@@ -164,7 +192,13 @@ def run_infra(args: argparse.Namespace) -> int:
         vpc = network.find_network(boto)
         print(f"workshop network: {vpc or 'none'}")
         return 0
-    net = network.ensure_network(boto, egress="nat" if args.nat else "endpoints", cidr=args.cidr)
+    from workshop.cloud.cost import require_confirmation
+
+    egress = "nat" if args.nat else "endpoints"
+    bound = (f"${network.network_hourly_usd(egress):.3f} per hour while it exists, job or not "
+             f"({'a NAT gateway' if args.nat else 'interface endpoints'}; `python -m workshop cleanup` deletes it)")
+    require_confirmation("the workshop network", bound, cost_confirmation(args))
+    net = network.ensure_network(boto, egress=egress, cidr=args.cidr)
     print("\n".join(net.lines()))
     return 0
 
@@ -213,6 +247,7 @@ def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
         max_restarts=args.max_restarts,
         spot=args.spot,
         max_wait_s=args.max_wait,
+        confirm_cost=cost_confirmation(args),
     )
 
 
@@ -252,7 +287,8 @@ def run_tune(args: argparse.Namespace, hps: dict[str, Any]) -> int:
     else:
         result = tune(lab, args.param, route=args.route, instance_type=args.instance_type, role=args.role,
                       region=args.region, network=False if args.network == "none" else args.network,
-                      create_role=args.create_role, allow_unsupported_image=args.allow_unsupported_image, **common)
+                      create_role=args.create_role, allow_unsupported_image=args.allow_unsupported_image,
+                      confirm_cost=cost_confirmation(args), **common)
     if args.dry_run:
         return 0
     return 0 if result.best is not None and not result.failed else 1

@@ -19,6 +19,7 @@ from typing import Any
 
 from workshop.account import ensure_role
 from workshop.cloud import aws
+from workshop.cloud.cost import Confirm, require_confirmation
 from workshop.cloud.network import ensure_network
 from workshop.cloud.preflight import preflight
 from workshop.cloud.role import resolve_role, role_name
@@ -111,6 +112,7 @@ def run_on_sagemaker(
     dry_run: bool = False,
     wait: bool = True,
     create_role: bool = False,
+    confirm_cost: bool | Confirm = False,
     space: SearchSpace | None = None,
     objective: Objective | None = None,
     parallel: int | None = None,
@@ -131,13 +133,21 @@ def run_on_sagemaker(
     1. `plan_job`: every offline check (no AWS);
     2. credentials, the execution role, the launcher's look-ups, and the preflight
        (`workshop.cloud.preflight`: permission simulation, the Service Quotas value for the
-       instance type, the cost bound), before anything is created or uploaded;
+       instance type, the cost bound), before anything is created or uploaded; then the cost
+       must be confirmed (below);
     3. the workshop role and network if asked for, the launcher's set-up steps, the `ModelTrainer`;
     4. the lab's data channels go to S3 once (its data source, from `data_dir`);
     5. `submit` starts the job and follows its logs; returns a `JobResult`.
 
     Every user error is a `WorkshopError` raised in steps 1-3, before any data is uploaded or any
     job created. A dry run needs no credentials and no role (`workshop.jobs.dry_run`).
+
+    `confirm_cost`: a real run spends money, so it starts only once its cost bound (printed by
+    the preflight: instances x price x `max_run`, the network's hourly cost, a set-up job's) is
+    confirmed: `confirm_cost=True`, or `WORKSHOP_CONFIRM_COST=1` in the environment (CI), or a
+    function that asks and returns True (the CLI on a terminal). Otherwise a `WorkshopError`
+    repeating the bound is raised at the end of step 2, before anything is created or uploaded.
+    A dry run needs no confirmation.
 
     `network` (True/"endpoints" or "nat") runs the job in the workshop's own VPC (created or
     reused; it costs per hour while it exists, so run `workshop.account.cleanup()` when done);
@@ -198,8 +208,8 @@ def run_on_sagemaker(
     plan = check_internet(plan, egress)
     for note in plan.notes[known:]:
         say(note)
-    preflight(plan, role_arn, boto, identity=identity, network_egress=egress, creating_role=creating_role,
-              tuning=tuning)
+    report = preflight(plan, role_arn, boto, identity=identity, network_egress=egress, creating_role=creating_role,
+                       tuning=tuning)
     channels = data.prepared(data_dir)
     if channels is None:
         say(f"preparing the {data.name} channels in {data_dir or data.default_dir}")
@@ -208,6 +218,10 @@ def run_on_sagemaker(
     for trial in tuning.trials if tuning else [{}]:
         request.lab.validate_hyperparameters({**plan.hyperparameters, **trial}, world_size=plan.world_size,
                                              train_samples=channels.n_train)
+    # Every check passed: the cost bound printed above is confirmed, or nothing is created.
+    bound = report.cost.bound() + "".join(f", plus {step.cost}" for step in prep_steps if step.cost)
+    how = require_confirmation("this tuning job" if tuning else "this job", bound, confirm_cost)
+    say(f"cost confirmed ({how}): {bound}")
 
     say("step 3/5: " + ("the workshop role, " if creating_role else "") + ("the workshop network, " if egress else "")
         + "building the ModelTrainer")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from workshop import metrics
+from workshop.cloud.cost import Confirm
 from workshop.errors import WorkshopError
 from workshop.jobs import DryRunRequest
 from workshop.jobs.tuning import TuningOutcome
@@ -260,6 +261,7 @@ def tune(
     runs_dir: str | Path | None = None,
     dry_run: bool = False,
     plot: bool = True,
+    confirm_cost: bool | Confirm = False,
     **sagemaker_fields: Any,
 ) -> TuneResult | DryRunRequest:
     """Search `params` (`["lr=0.01,0.05"]` or `{"lr": [0.01, 0.05]}`; see `workshop.search`) with
@@ -271,8 +273,10 @@ def tune(
     `runs_dir`, itself default the checkout's runs/); `parallel` defaults to this machine's cores.
     `mode="sagemaker"`: one tuning job (`dry_run`: its request only); `sagemaker_fields` are
     `workshop.runner.run_on_sagemaker`'s (instance_type, role, region, network, create_role, ...);
-    `parallel` defaults to 2. Every check (names, types, the grid, the parallelism, the cluster's
-    size) runs before any trial starts.
+    `parallel` defaults to 2; the tuning job starts only once its cost bound (every trial's, printed
+    first) is confirmed: `confirm_cost=True` or `WORKSHOP_CONFIRM_COST=1` (see `run_on_sagemaker`).
+    A local search costs nothing and needs no confirmation. Every check (names, types, the grid,
+    the parallelism, the cluster's size) runs before any trial starts.
     """
     if isinstance(lab, str):
         lab = get_lab(lab)
@@ -286,7 +290,7 @@ def tune(
                             "pass --parallel 2 (trials running at once), or leave it out for the default.")
     if mode == "sagemaker":
         return _tune_on_sagemaker(lab, space, goal, parallel, fixed, hosts, procs_per_host, data_dir, dry_run,
-                                  sagemaker_fields)
+                                  {**sagemaker_fields, "confirm_cost": confirm_cost})
     if dry_run:
         raise WorkshopError("--dry-run applies to --mode sagemaker.", "drop --dry-run, or add --mode sagemaker.")
     if sagemaker_fields:

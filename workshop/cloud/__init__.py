@@ -8,7 +8,8 @@ testable under moto (`tests/test_infra.py`).
 
 - `aws`: sessions, credentials, the user's prefix, the SDK's bucket and key prefix.
 - `prices`: the on-demand prices the cost estimates use (a leaf: numbers and their sources).
-- `cost`: the cost bound of a job and of the workshop network.
+- `cost`: the cost bound of a job and of the workshop network, and the confirmation of it that
+  every launch needs (`require_confirmation`, `WORKSHOP_CONFIRM_COST`).
 - `network`: one VPC per user (`ensure_network`, `find_network`, `delete_network`).
 - `role`: the least-privilege execution role (`ensure_role`, `role_policy`, `resolve_role`).
 - `preflight`: permissions, the Service Quotas value and the cost, before anything is created.
@@ -22,7 +23,7 @@ Every resource is tagged `workshop=distributed-training-workshop` and
 from workshop.cloud import aws
 from workshop.cloud.cleanup import CleanupReport, delete_s3_prefixes, stop_user_jobs
 from workshop.cloud.common import TAG_RESOURCE, TAG_USER, TAG_WORKSHOP, workshop_tags
-from workshop.cloud.cost import CostEstimate, estimate_cost
+from workshop.cloud.cost import CONFIRM_COST_ENV, CostEstimate, estimate_cost, require_confirmation
 from workshop.cloud.network import (
     DEFAULT_CIDR,
     EGRESS_CHOICES,
@@ -53,10 +54,10 @@ from workshop.cloud.role import (
 )
 
 __all__ = [
-    "CleanupReport", "CostEstimate", "DEFAULT_CIDR", "EGRESS_CHOICES", "INSTANCE_PRICES", "INTERFACE_ENDPOINTS",
+    "CONFIRM_COST_ENV", "CleanupReport", "CostEstimate", "DEFAULT_CIDR", "EGRESS_CHOICES", "INSTANCE_PRICES", "INTERFACE_ENDPOINTS",
     "NETWORK_PRICES", "Network", "PASS_ROLE_CONTEXT", "PRICES_DATE", "PRICE_REGION", "PreflightReport", "Price",
     "RoleInfo", "TAG_RESOURCE", "TAG_USER", "TAG_WORKSHOP", "aws", "check_permissions", "check_quota",
     "delete_network", "delete_role", "delete_s3_prefixes", "dry_run_lines", "ensure_network", "estimate_cost",
-    "find_network", "job_permission_checks", "network_hourly_usd", "preflight", "resolve_role", "role_name",
+    "find_network", "job_permission_checks", "network_hourly_usd", "preflight", "require_confirmation", "resolve_role", "role_name",
     "stop_user_jobs", "trust_policy", "wildcard_violations", "workshop_tags",
 ]

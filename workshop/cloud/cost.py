@@ -1,11 +1,15 @@
-"""What a job can cost at most (instances x price x `max_run`), and what the network adds."""
+"""What a job can cost at most (instances x price x `max_run`), what the network adds, and the
+confirmation every launch needs before it spends anything (`require_confirmation`)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from workshop.cloud.network import network_hourly_usd
 from workshop.cloud.prices import INSTANCE_PRICES, PRICE_REGION, PRICES_DATE, TYPICAL_RUN_S
+from workshop.errors import WorkshopError
 
 # Managed spot training: what the preflight shows as a typical saving, and where that comes from.
 TYPICAL_SPOT_DISCOUNT = 0.7
@@ -31,6 +35,18 @@ class CostEstimate:
     source: str
     trials: int = 1  # a tuning job: this many training jobs, each of instance_count instances
     spot: bool = False  # managed spot training: billed at the spot price, never above on-demand
+
+    def bound(self) -> str:
+        """The bound in one phrase: "at most $1.41 (2 x ml.g5.xlarge x $1.408/h x 0.5 h)"."""
+        n, t, hours = self.instance_count, self.instance_type, self.max_run_s / 3600
+        if self.upper_bound_usd is None:
+            text = f"an amount the workshop cannot bound (no price on record for {t}; {n} instance(s) for {hours:g} h)"
+        else:
+            trials = f"{self.trials} trials x " if self.trials > 1 else ""
+            text = f"at most ${self.upper_bound_usd:,.2f} ({trials}{n} x {t} x ${self.hourly_usd:.3f}/h x {hours:g} h)"
+        if self.network_egress:
+            text += f", plus ${self.network_hourly_usd:.3f} per hour for the workshop network while it exists"
+        return text
 
     def lines(self) -> list[str]:
         n, t = self.instance_count, self.instance_type
@@ -94,4 +110,40 @@ def estimate_cost(
         source=price.source if price else "no price on record",
         trials=trials,
         spot=spot,
+    )
+
+
+# Set to 1 (or true, yes) to confirm every launch's cost without asking: CI, and scripts that have
+# read the bound already. Anything else confirms nothing.
+CONFIRM_COST_ENV = "WORKSHOP_CONFIRM_COST"
+
+# A way to ask: given "This job can cost at most $...", True to go on (the CLI asks on a terminal).
+Confirm = Callable[[str], bool]
+
+
+def confirmed_by_env() -> bool:
+    return os.environ.get(CONFIRM_COST_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def require_confirmation(what: str, bound: str, confirm: bool | Confirm) -> str:
+    """Go on only once the cost `bound` of `what` ("this job") is confirmed; returns how it was.
+
+    `confirm`: True (the caller read the bound: `confirm_cost=True`, the CLI's --yes), or a
+    function that asks, given "This job can cost ..." (the CLI on a terminal);
+    `WORKSHOP_CONFIRM_COST=1` in the environment confirms too. Anything
+    else raises a WorkshopError that repeats the bound: called before anything is created, it
+    leaves nothing behind.
+    """
+    if confirm is True:
+        return "confirm_cost=True"
+    if confirmed_by_env():
+        return f"{CONFIRM_COST_ENV}={os.environ[CONFIRM_COST_ENV].strip()}"
+    if callable(confirm) and confirm(f"{what[:1].upper()}{what[1:]} can cost {bound}"):
+        return "answered yes"
+    raise WorkshopError(
+        f"Not started: {what} can cost {bound}, and that cost was not confirmed. Nothing has been created, "
+        "uploaded or started.",
+        "read the cost bound above, then confirm it: in Python pass confirm_cost=True (in a notebook, set "
+        "`confirm_cost = True` in the parameters cell and run this cell again); on the command line add --yes "
+        f"(or answer y when asked); in CI set {CONFIRM_COST_ENV}=1.",
     )

@@ -103,6 +103,7 @@ class PrepStep:
 
     what: str  # one line, printed before it runs (what it creates, what it costs)
     run: Callable[[JobPlan, str, Any], Any]  # its result is not used
+    cost: str = ""  # what it can cost at most, one phrase ("at most $0.41 for ..."), confirmed with the job's
 
 
 @dataclass(frozen=True)

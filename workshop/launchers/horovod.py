@@ -256,6 +256,16 @@ def build_cost_lines(instance_type: str) -> list[str]:
     ]
 
 
+def build_cost_bound(instance_type: str) -> str:
+    """The build job's cost bound in one phrase, confirmed together with the training job's."""
+    price = INSTANCE_PRICES.get(instance_type)
+    hours = BUILD_MAX_RUN_S / 3600
+    if price is None:
+        return f"the one-time Horovod build job (1 x {instance_type} for {hours:g} h; no price on record)"
+    return (f"at most ${price.usd_per_hour * hours:.2f} for the one-time Horovod build job "
+            f"(1 x {instance_type} x ${price.usd_per_hour:.3f}/h x {hours:g} h)")
+
+
 def build_wheel(plan: JobPlan, role_arn: str, session: Any, *, logs: bool = True) -> dict[str, Any]:
     """Run the one-host build job for `plan.image_uri` and store its wheels; returns the manifest.
 
@@ -359,6 +369,7 @@ def prepare_plan(plan: JobPlan, bucket: str, boto: Any) -> tuple[JobPlan, list[P
     step = PrepStep(
         what=f"Horovod: building the wheel once for {plan.image_uri} with a one-host build job; it goes to {uri}",
         run=build_wheel,
+        cost=build_cost_bound(plan.instance_type),
     )
     return plan, [step]
 

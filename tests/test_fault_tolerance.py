@@ -191,7 +191,7 @@ def test_the_cli_kills_a_rank_on_another_host_and_the_run_recovers_exactly(tmp_p
     what was lost (the fault record was written on the other host) and when it struck. The run ends with
     the uninterrupted run's weights, bit for bit."""
     def run(name: str, *extra: str) -> tuple[str, list[dict]]:
-        code = main(["run", "data_parallel", "--hosts", "2", "--data-dir", str(mnist_dir),
+        code = main(["run", "data_parallel", "--hosts", "2", "--data-dir", str(mnist_dir), "--verbose",
                      "--workdir", str(tmp_path / name), *extra])
         out = capsys.readouterr().out
         assert code == 0, out[-4000:]

@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-restarts", type=int, default=0, metavar="K",
                      help="restart every rank up to K times after a failure, resuming from the latest checkpoint "
                           "(torchrun's elastic agent; labs 3 and 4)")
+    run.add_argument("--verbose", action="store_true",
+                     help="local mode: stream every rank's log lines instead of one progress display per job")
     run.add_argument("--fault", default=None, metavar="kill-rank=R@step=S",
                      help="fault injection: kill rank R right after step S, once (the script's --fault; "
                           "with --max-restarts the job recovers)")
@@ -219,6 +221,7 @@ def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
             lab, hosts=args.hosts, procs_per_host=args.procs_per_host, hyperparameters=hps,
             data_dir=local_data_dir(lab, args), checkpoint_dir=args.checkpoint_dir,
             runs_dir=Path(args.workdir) / "runs" if args.workdir else None, max_restarts=args.max_restarts,
+            verbose=args.verbose,
         )
         recovery = recovery_line(result.records)
         if recovery:

@@ -71,6 +71,7 @@ def run_local(
     echo: bool = True,
     check: bool = True,
     max_restarts: int = 0,
+    verbose: bool = False,
 ) -> ClusterResult:
     """Run `lab` on the local cluster; every check happens before any process starts.
 
@@ -80,6 +81,8 @@ def run_local(
     (default: the checkout's runs/). `checkpoint_dir` is the hosts' checkpoint folder for the
     whole run (see `LocalCluster.run`). `max_restarts`: restarts of every rank after a failure
     (torchrun's elastic agent; the torchrun labs), each resuming from the latest checkpoint.
+    `echo`: say what the run does, with one live progress display (steps or epochs done, loss,
+    accuracy, hosts up) and the logs' path; `verbose`: stream every rank's lines instead.
     """
     hosts = lab.local_hosts if hosts is None else hosts
     procs_per_host = lab.local_procs_per_host if procs_per_host is None else procs_per_host
@@ -93,6 +96,7 @@ def run_local(
         workdir=workdir,
         runs_dir=runs_dir,
         echo=echo,
+        verbose=verbose,
     )
     cluster.checkpoint_store(checkpoint_dir)  # a folder it cannot write fails now, not after the data
     hps = {**lab.local_hyperparameters, **(hyperparameters or {})}

@@ -85,6 +85,7 @@ from workshop.runtime.contract import (
     write_sm_drivers,
 )
 from workshop.runtime.processes import MARKER, PARENT_ENV, DeferredInterrupt, processes_with_marker
+from workshop.runtime.progress import JobProgress, progress_total
 
 DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
 RUNTIMES = ("auto", "container", "process")
@@ -489,6 +490,7 @@ class LocalCluster:
         stop_grace_s: float = 3.0,
         extra_env: dict[str, str] | None = None,
         echo: bool = True,
+        verbose: bool = True,
         runtime: str = "auto",
         internet: bool = False,
         start_skew_s: float | Sequence[float] = 0.0,
@@ -515,6 +517,10 @@ class LocalCluster:
         A cluster far bigger than this machine is refused, and one bigger than its cores is
         warned about (`check_machine_fits` has the thresholds); `allow_oversubscription=True`
         (default: the WORKSHOP_ALLOW_OVERSUBSCRIPTION variable) turns the refusal into the warning.
+
+        `echo`: print what the job does; with `verbose`, every line of every rank as it comes (tagged
+        `[host/rank]`), else one live progress display per job (`workshop.runtime.progress`) and the
+        logs' path. The logs are in the run folder either way, and a failure is reported either way.
         """
         if not isinstance(hosts, int) or hosts < 1:
             raise WorkshopError(f"hosts must be a whole number of at least 1, got {hosts!r}.", "use --hosts 1 or more.")
@@ -560,6 +566,7 @@ class LocalCluster:
         self.stop_grace_s = stop_grace_s
         self.extra_env = dict(extra_env or {})
         self.echo = echo
+        self.verbose = verbose
         if runtime not in RUNTIMES:
             raise WorkshopError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}.",
                                 "leave it at 'auto' (the container runtime where Linux allows it).")
@@ -776,8 +783,16 @@ class LocalCluster:
                 for path, spec in specs:  # the holder's pid is known only now
                     spec.holder_pid = holder.pid
                     spec.write(path)
-            runner = _Run(self, hosts, envs, commands, workdir, cluster_id, timeout_s, container)
-            returncode, failure, lines = runner.run()
+            display = None
+            if self.echo and not self.verbose:
+                unit, total = progress_total(hyperparameters)
+                display = JobProgress(self.name, unit, total, self.hosts)
+            runner = _Run(self, hosts, envs, commands, workdir, cluster_id, timeout_s, container, display)
+            try:
+                returncode, failure, lines = runner.run()
+            finally:
+                if display is not None:
+                    display.close()
         finally:
             if holder is not None:
                 holder.close()
@@ -798,8 +813,10 @@ class LocalCluster:
 class _Run:
     """One execution: start the hosts, stream their lines, stop everything, report."""
 
-    def __init__(self, cluster: LocalCluster, hosts, envs, commands, workdir, cluster_id, timeout_s, container):
+    def __init__(self, cluster: LocalCluster, hosts, envs, commands, workdir, cluster_id, timeout_s, container,
+                 display: JobProgress | None = None):
         self.c = cluster
+        self.display = display  # the progress display that stands in for the lines, if any
         self.hosts: list[HostResult] = hosts
         self.envs = envs
         self.commands = commands
@@ -902,7 +919,9 @@ class _Run:
             self._combined.write(line + "\n")
             if not rank and host not in self.driver_started and _DRIVER_START.match(line.split("] ", 1)[-1]):
                 self.driver_started[host] = time.monotonic() - self.t0
-            if self.c.echo and self._show(host, rank, line):
+            if self.display is not None:
+                self.display.feed(rank, line)
+            elif self.c.echo and self._show(host, rank, line):
                 print(line, flush=True)
 
     def _show(self, host: str, rank: str, line: str) -> bool:
@@ -926,6 +945,8 @@ class _Run:
                 while True:
                     self._drain(0.1)
                     codes = [p.poll() for p in self.procs]
+                    if self.display is not None:
+                        self.display.set_hosts_up(sum(code is None for code in codes))
                     failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
                     if failed:
                         failed_host, returncode = failed[0], codes[failed[0]]

@@ -1,0 +1,107 @@
+"""One progress display per local job instead of every rank's lines (`workshop.runtime.progress`).
+
+Fast tests feed the display the lines a job prints; the slow ones run the issue's command through
+the CLI: a short output with the progress line and the logs' path, `--verbose` as before, and a
+failing rank still reported with its own lines.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from workshop.__main__ import main
+from workshop.runtime.progress import HEARTBEAT_S, JobProgress, progress_total
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def display(unit: str = "epoch", total: int | None = 3) -> tuple[JobProgress, io.StringIO, Clock]:
+    out, clock = io.StringIO(), Clock()
+    return JobProgress("data-parallel", unit, total, 2, live=False, stream=out, clock=clock), out, clock
+
+
+def test_what_a_job_counts_comes_from_its_hyperparameters():
+    assert progress_total({"epochs": 3, "log-interval": 5}) == ("epoch", 3)
+    assert progress_total({"steps": "60", "epochs": 2}) == ("step", 60)  # labs 1 and 4 count steps
+    assert progress_total({}) == ("step", None)
+
+
+def test_rank_0s_metrics_move_the_display_and_the_log_gets_one_line():
+    progress, out, clock = display()
+    progress.feed("1", "[algo-2/1] METRICS rank=1 epoch=1 step=5 train_loss=9.0")  # rank 0 speaks for the job
+    progress.feed("0", "[algo-1/0] METRICS rank=0 epoch=1 step=5 train_loss=2.5")
+    progress.feed("0", "[algo-1/0] Configuration: {...}")
+    assert (progress.done, progress.step, progress.loss) == (0, 5, 2.5)
+    progress.feed("0", "[algo-1/0] METRICS rank=0 epoch=1 step=31 test_loss=0.4 test_accuracy=0.871 "
+                       "epoch_time_s=1.0 samples_per_sec=3930.9")
+    progress.feed("0", "[algo-1/0] METRICS rank=0 epoch=2 step=62 test_loss=0.2 test_accuracy=0.94")
+    assert progress.done == 2 and progress.accuracy == 0.94
+    assert out.getvalue() == ""  # nothing redraws off a terminal: nothing until the end ...
+    clock.t += 12.5
+    progress.close()
+    progress.close()  # ... then exactly one line
+    assert out.getvalue() == ("[progress] data-parallel: 2/3 epoch(s) in 12.5 s; step 62, loss 2.5, test acc 0.940, "
+                              "3,931 samples/s\n")
+
+
+def test_a_long_job_off_a_terminal_says_it_is_alive_once_a_minute():
+    progress, out, clock = display("step", 300)
+    for step in range(1, 301):
+        clock.t += 1.0  # a step a second: 5 minutes
+        progress.feed("0", f"[algo-1/0] METRICS rank=0 step={step} train_loss=1.0")
+    assert len(out.getvalue().splitlines()) == int(300 // HEARTBEAT_S)
+    assert out.getvalue().splitlines()[0].startswith("[progress] data-parallel: 60/300 step(s) in 60.0 s; loss 1, 2/2 hosts up")
+
+
+def test_a_rank_death_and_the_restart_show_in_the_display():
+    progress, _, _ = display()
+    progress.feed("0", "[algo-1/0] METRICS rank=0 epoch=1 step=30 train_loss=0.32")
+    progress.feed("", "[algo-2] E1123 16:20:58.187 5338 api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 5377) of binary: python")
+    progress.set_hosts_up(2)
+    assert "a rank failed: restarting" in progress.postfix()
+    progress.feed("0", "[algo-1/0] METRICS rank=0 step=25 restart=1 resumed_step=24 lost_steps=6 recover_s=4.0")
+    assert progress.restarts == 1 and progress.step == 25
+    assert progress.postfix() == "step 25, loss 0.32, 2/2 hosts up, 1 restart(s)"
+    progress.set_hosts_up(0)
+    progress.close()
+    assert progress.postfix() == "step 25, loss 0.32, 1 restart(s)"
+
+
+@pytest.mark.slow
+def test_the_cli_shows_progress_not_log_walls_and_verbose_streams_them(tmp_path, mnist_dir, capsys):
+    args = ["run", "data_parallel", "--hosts", "2", "--data-dir", str(mnist_dir), "--hp", "epochs=1"]
+    assert main([*args, "--workdir", str(tmp_path / "quiet")]) == 0
+    quiet = capsys.readouterr()
+    lines = (quiet.out + quiet.err).splitlines()
+    assert len(lines) <= 6, lines
+    [progress] = [line for line in lines if line.startswith("[progress] data-parallel: 1/1 epoch(s)")]
+    assert re.search(r"step 31, loss [\d.]+, test acc 0\.[89]\d\d, [\d,]+ samples/s$", progress), progress
+    assert any("succeeded in" in line and "logs/cluster.log" in line for line in lines)
+    assert not any("METRICS" in line for line in lines)
+    log = next((tmp_path / "quiet" / "runs").glob("*/logs/cluster.log")).read_text()
+    assert "METRICS rank=0 epoch=1 step=31 test_loss=" in log  # the full logs are kept
+
+    assert main([*args, "--workdir", str(tmp_path / "loud"), "--verbose"]) == 0
+    loud = capsys.readouterr().out
+    assert "[algo-1/0] METRICS rank=0 epoch=1 step=31 test_loss=" in loud and "[progress]" not in loud
+
+
+@pytest.mark.slow
+def test_a_failing_rank_is_reported_with_its_own_lines_without_verbose(tmp_path, mnist_dir, capsys):
+    code = main(["run", "data_parallel", "--hosts", "2", "--data-dir", str(mnist_dir), "--hp", "epochs=1",
+                 "--fault", "kill-rank=1@step=8", "--workdir", str(tmp_path)])
+    out = capsys.readouterr()
+    assert code == 2
+    assert "[progress] data-parallel: 0/1 epoch(s)" in out.out and "a rank failed" in out.out
+    assert "error: Rank 1 on algo-2 was killed by SIGKILL" in out.err
+    assert "The injected fault: FAULT: killing rank 1 at step 8 (--fault kill-rank=1@step=8)" in out.err
+    assert "[algo-2/1] FAULT: killing rank 1 at step 8" in out.err  # the rank's own last lines

@@ -69,6 +69,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -553,7 +554,7 @@ def plot(rows: list[Row], out: Path, title: str) -> None:
     if preds:
         ax2.scatter(*zip(*preds, strict=True), marker="_", s=300, color="black", zorder=3,
                     label="planner's prediction")
-    ax2.set_xticks(list(xs), labels, fontsize=7)
+    ax2.set_xticks(list(xs), labels, fontsize=7, rotation=45, ha="right", rotation_mode="anchor")
     ax2.set_ylabel("ms per step per rank")
     ax2.set_title("Step time split")
     ax2.legend(fontsize=8)
@@ -563,14 +564,15 @@ def plot(rows: list[Row], out: Path, title: str) -> None:
     ax3.bar([x - 0.2 for x in xs], measured, width=0.4, color=[COLORS[w.strategy] for w in rows],
             label="measured (loopback counters)")
     ax3.bar([x + 0.2 for x in xs], [w.expected_bytes / 1e6 for w in rows], width=0.4, color="white",
-            edgecolor="black", label="expected (ring 2(N-1)/N K, FSDP on gloo 4(N-1)/N K, PS 2K)")
-    ax3.set_xticks(list(xs), labels, fontsize=7)
+            edgecolor="black", label="expected (ring 2(N-1)/N K,\nFSDP on gloo 4(N-1)/N K, PS 2K)")
+    ax3.set_xticks(list(xs), labels, fontsize=7, rotation=45, ha="right", rotation_mode="anchor")
     ax3.set_ylabel("MB per rank-step")
     ax3.set_title("Bytes over loopback per step")
     ax3.legend(fontsize=8)
     ax3.grid(axis="y", alpha=0.3)
-    fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
+    # The machine line is long: wrapped to the figure's width, with room kept for it above the panels.
+    fig.suptitle(textwrap.fill(title, 200), fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(out, dpi=110)
     plt.close(fig)
 

@@ -235,6 +235,7 @@ _TRAINING_MODULES = {
     ("torch.distributed.run", None): "torchrun",
     ("torch.distributed.launch", None): "torch.distributed.launch",
     ("horovod.runner.launch", None): "horovodrun",
+    ("workshop.launchers.horovod_probe", None): "lab 2's all-reduce probe (horovodrun)",
     ("ipykernel_launcher", None): "a Jupyter kernel (a notebook)",
     ("ipykernel", None): "a Jupyter kernel (a notebook)",
 }
@@ -303,6 +304,8 @@ def _argv_launch(argv: list[str]) -> str | None:
         return "python -c with the local cluster or the fake SageMaker" if _TRAINING_CODE.search(code) else None
     if rest[i] == "-m":
         module, first = (rest[i + 1:i + 2] or [""])[0], (rest[i + 2:i + 3] or [None])[0]
+        if (module, first) == ("workshop.launchers.horovod_probe", "--in-private-network"):
+            return _argv_launch(rest[i + 3:])  # a command run in a private network namespace: that command
         return _TRAINING_MODULES.get((module, first)) or _TRAINING_MODULES.get((module, None))
     script = Path(rest[i])
     if re.match(r"(train.*|bench_.*)\.py$", script.name):

@@ -44,6 +44,8 @@ def _item(slow: bool = False) -> SimpleNamespace:
     (["bash", "/opt/ml/input/data/sm_drivers/sm_train.sh"], False),
     ("torchrun --standalone train.py", True),
     (["bash", "-c", "cd code && python train.py"], False),
+    ([PY, "-m", "workshop.launchers.horovod_probe", "--ranks", "2"], False),
+    ([PY, "-m", "workshop.launchers.horovod_probe", "--in-private-network", "horovodrun", "-np", "2", "x"], False),
 ])
 def test_training_launches_are_recognised(command, shell: bool) -> None:
     assert training_launch(command, shell=shell)
@@ -60,6 +62,7 @@ def test_training_launches_are_recognised(command, shell: bool) -> None:
     [PY, "-m", "workshop.runtime.hostns", "hold"],
     [PY, "-m", "compileall", "-q", "1_parameter_server/code"],
     [PY, "-c", "import time; time.sleep(1)"],
+    [PY, "-m", "workshop.launchers.horovod_probe", "--in-private-network", PY, "-c", "print('ok')"],
     ["bash", "-c", "set -e; source env; printf %s x"],
     ["git", "status"],
     "python3 -m pip install wheel.whl",

@@ -5,6 +5,13 @@
 
 Each measurement is one run of the lab's own script on one simulated host with `world_size`
 processes (`workshop.runner.run_local`); the script prints each rank's accounting line.
+
+Every rank runs one CPU thread (`--threads 1`) at every world size, so step times compare the same
+resources per rank. Left to its default (`--threads 0`), the script gives each rank the host's CPUs
+divided by its ranks: the single rank of N=1 gets every core, N >= 2 one thread each, and a
+multi-threaded rank running a model this tiny waits for all its threads at every operator; on a busy
+machine its steps were far slower (1,934 ms at N=1 against 23-147 ms at N >= 2 in one run), which
+read as a speed-up from sharding. Pass `hyperparameters={"threads": 0}` for the script's default.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from workshop.labs import get_lab
 from workshop.runner import run_local
 
 MEASURE_MODEL = {"layers": 2, "d-model": 64, "heads": 4, "seq-len": 32, "batch-size": 8}
+THREADS_PER_RANK = 1  # the same at every world size (see above)
 
 
 def measure(
@@ -33,7 +41,7 @@ def measure(
     """One run of the lab's script on one simulated host with `world_size` processes; returns
     each rank's accounting record (the `METRICS ... state_bytes=...` line) plus rank 0's losses."""
     hps = {**MEASURE_MODEL, "steps": steps, "log-interval": steps, "eval-sequences": 8,
-           "sharding": sharding, **(hyperparameters or {})}
+           "sharding": sharding, "threads": THREADS_PER_RANK, **(hyperparameters or {})}
     if sharding == "hybrid_shard" and "hybrid-shard-degree" not in hps:
         hps["hybrid-shard-degree"] = max(1, world_size // 2)
     result = run_local(get_lab("model_parallel"), hosts=1, procs_per_host=world_size, hyperparameters=hps,

@@ -18,6 +18,10 @@ LAB = Lab(
     # checkpoint-every 20: a rank killed mid-epoch (--fault, --max-restarts) costs at most 19 steps,
     # not the epoch so far (a checkpoint of this CNN takes milliseconds)
     local_hyperparameters={"epochs": 3, "log-interval": 5, "checkpoint-every": 20},
+    # `python -m workshop profile data_parallel`: torch.profiler for --profile-steps steps of one epoch,
+    # with no mid-epoch checkpoint inside the profiled steps
+    profile_flag="profile-steps",
+    profile_hyperparameters={"epochs": 1, "checkpoint-every": 0},
     sagemaker=SageMakerDefaults(**PYTORCH_IMAGE, instance_type="ml.g5.xlarge", instance_count=2),
     aliases=("3", "3_data_parallel", "ddp"),
 )

@@ -20,11 +20,12 @@ SHIPPED = PACKAGE / "drivers"
 # Lower layers never import higher ones (CONTRIBUTING.md, "The layers").
 LAYERS: dict[str, int] = {
     "workshop": 0, "workshop.errors": 0, "workshop.metrics": 0,
-    "workshop.spec": 1, "workshop.search": 1, "workshop.runtime": 1, "workshop.cloud": 1,
+    "workshop.spec": 1, "workshop.search": 1, "workshop.runtime": 1, "workshop.cloud": 1, "workshop.trace_report": 1,
     "workshop.jobs": 2, "workshop.planner": 2,
     "workshop.launchers": 3, "workshop.datasets": 3,
     "workshop.labs": 4,
     "workshop.runner": 5, "workshop.tuning": 5, "workshop.account": 5, "workshop.notebook": 5, "workshop.__main__": 5,
+    "workshop.profiling": 5,
 }
 
 

@@ -62,6 +62,9 @@ SHARED: dict[str, tuple[str, ...]] = {
     "read_recovery": (L3, L4),
     "announce_resume": (L3, L4),
     "report_recovery": (L3, L4),
+    # --profile-steps: torch.profiler traces per rank (workshop.profiling); lab 2's PyTorch script to follow.
+    "PROFILE_WAIT": (L3, L4),
+    "StepProfiler": (L3, L4),
     # The drivers (stdlib only, each runs alone on a training host).
     "DEFAULT_FAILURE_FILE": (HVD_DRIVER, PS_DRIVER),
     "is_loopback": (HVD_DRIVER, PS_DRIVER),

@@ -8,6 +8,8 @@
     python -m workshop run all            # every lab, locally, then a summary table
     python -m workshop tune LAB --param lr=0.01,0.02,0.04 [--param batch-size=32,64] [--trials N]
                                 [--parallel K] [--mode local|sagemaker] [--dry-run] [--hp KEY=VALUE ...] [--yes]
+    python -m workshop profile LAB [--hosts N] [--procs-per-host P] [--steps S] [--hp KEY=VALUE ...]
+                                                                # where each rank's step time goes
     python -m workshop network [--nat] [--show] [--cidr CIDR] [--yes]   # the workshop VPC (create/reuse)
     python -m workshop role                                     # the workshop's execution role
     python -m workshop cleanup [--delete-s3]                    # stop jobs, delete network/role
@@ -143,6 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
                 or not action.option_strings:
             continue
         tune._add_action(action)
+    prof = sub.add_parser("profile", help="run a lab under torch.profiler: where each rank's step time goes",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    prof.add_argument("lab", help="lab key, folder or number (see `labs`)")
+    prof.add_argument("--steps", type=count_of("steps", "--steps", 5), default=5,
+                      help="profiled steps on every rank (after the script's warm-up steps)")
+    for action in run._actions:  # the run command's local options
+        if action.dest in ("hosts", "procs_per_host", "hp", "data_dir", "workdir", "verbose", "mode"):
+            prof._add_action(action)
     net = sub.add_parser("network", help="create or reuse (or --show) your workshop VPC")
     net.add_argument("--nat", action="store_true", help="a NAT gateway instead of interface endpoints (reaches PyPI)")
     net.add_argument("--show", action="store_true", help="only say whether it exists; create nothing")
@@ -369,6 +379,13 @@ def main(argv: list[str] | None = None) -> int:
             hps["fault"] = args.fault
         if args.command == "tune":
             return run_tune(args, hps)
+        if args.command == "profile":
+            from workshop.profiling import profile
+
+            profile(args.lab, hosts=args.hosts, procs_per_host=args.procs_per_host, steps=args.steps,
+                    hyperparameters=hps, mode=args.mode, data_dir=local_data_dir(get_labs(args.lab)[0], args),
+                    runs_dir=Path(args.workdir) / "runs" if args.workdir else None, verbose=args.verbose)
+            return 0
         if args.lab == "all":
             return run_all(args, hps)
         labs = get_labs(args.lab)

@@ -132,6 +132,11 @@ class Lab:
     # The script flag whose value 0 means it writes no checkpoint (lab 4: checkpoint-every); a spot job
     # with it at 0 is refused, since an interruption would start it over. None: it always checkpoints.
     checkpoint_flag: str | None = None
+    # The script flag that turns on torch.profiler for N steps (one Chrome trace per rank under
+    # SM_OUTPUT_DATA_DIR/profile; `workshop.profiling`), and the hyperparameters a profiling run
+    # changes (e.g. one epoch, no mid-epoch checkpoints). None: the script cannot be profiled.
+    profile_flag: str | None = None
+    profile_hyperparameters: dict[str, Any] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
     # Names that select this lab together with its siblings in the same folder (lab 2 has a
     # PyTorch and a TensorFlow script): `python -m workshop run 2_horovod` runs both.

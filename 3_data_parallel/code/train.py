@@ -130,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="fault injection: global rank R kills itself (SIGKILL) right after global step N, on the first "
              "attempt only, to show a torchrun --max-restarts recovery (default: $WORKSHOP_FAULT; empty: none)",
     )
+    g.add_argument(
+        "--profile-steps", type=int, default=0,
+        help="torch.profiler on every rank for this many training steps of the first epoch, after "
+             f"{PROFILE_WAIT} + {PROFILE_WARMUP} steps of warm-up; one Chrome/Perfetto trace per rank in "
+             "--output-dir/profile/ (0: off)",
+    )
     d = p.add_argument_group("SageMaker contract (defaults from SM_* variables)")
     d.add_argument("--train", default=env("SM_CHANNEL_TRAIN", "data/mnist/train"), help="train channel")
     d.add_argument("--test", default=env("SM_CHANNEL_TEST", "data/mnist/test"), help="test channel")
@@ -137,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--checkpoint-dir", default=env("SM_CHECKPOINT_DIR", "artifacts/checkpoints"),
         help="checkpoint.pt here, each epoch (and every --checkpoint-every steps); resume from it when it holds one",
+    )
+    d.add_argument(
+        "--output-dir", default=env("SM_OUTPUT_DATA_DIR", "artifacts/output"),
+        help="other output (the --profile-steps traces); SageMaker uploads it with the job's output.tar.gz",
     )
     return p
 
@@ -170,6 +180,18 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
         problems.append("--max-steps, --threads and --checkpoint-every must be 0 or more")
         fixes.append("set --max-steps, --threads and --checkpoint-every to 0 (their defaults: whole epochs, an "
                      "automatic thread count, a checkpoint per epoch) or more")
+    profile_steps = getattr(args, "profile_steps", 0)
+    if profile_steps < 0:
+        problems.append(f"--profile-steps must be 0 (off) or more, got {profile_steps}")
+        fixes.append("set --profile-steps to 0 (no profiling) or a few steps, e.g. 5")
+    elif profile_steps and train_samples is not None and world_size >= 1 \
+            and PROFILE_WAIT + PROFILE_WARMUP + profile_steps > steps_per_epoch(args, world_size, train_samples):
+        per_epoch = steps_per_epoch(args, world_size, train_samples)
+        problems.append(f"--profile-steps {profile_steps} after {PROFILE_WAIT + PROFILE_WARMUP} warm-up steps does "
+                        f"not fit in the first epoch's {per_epoch} steps")
+        fixes.append(f"set --profile-steps to {max(1, per_epoch - PROFILE_WAIT - PROFILE_WARMUP)} or less, or "
+                     "--batch-size lower, or run fewer processes" if per_epoch > PROFILE_WAIT + PROFILE_WARMUP
+                     else "set --batch-size lower (or --max-steps higher), or run fewer processes")
     if world_size < 1:
         problems.append(f"the world size must be at least 1, got {world_size}")
         fixes.append("run at least one process")
@@ -193,6 +215,62 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
     fixes += fault_fixes
     if problems:
         raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
+
+
+# ----------------------------------------------------------------------------- profiling
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+PROFILE_WAIT, PROFILE_WARMUP = 2, 2
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+class StepProfiler:
+    """--profile-steps S: torch.profiler on this rank for S training steps, after PROFILE_WAIT steps
+    unrecorded and PROFILE_WARMUP recorded but dropped (torch.profiler.schedule), written as one
+    Chrome/Perfetto trace, `<output_dir>/profile/trace-rank<R>.json` (SM_OUTPUT_DATA_DIR: SageMaker
+    uploads it with the job's output). Each step is one `ProfilerStep#N` span in the trace. Off
+    (S = 0): every call does nothing. `seconds` and `samples`: the time and samples of the steps it
+    was on (profiling slows them), which the epoch's throughput leaves out."""
+
+    def __init__(self, steps: int, output_dir: str, rank: int):
+        self.steps, self.rank, self.prof, self.taken = steps, rank, None, 0
+        self.path = Path(output_dir) / "profile" / f"trace-rank{rank}.json"
+        self.seconds, self.samples, self.epoch, self.t0 = 0.0, 0, None, 0.0
+
+    def start(self, epoch: int) -> None:
+        if not self.steps or self.epoch is not None:
+            return
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self.prof = profile(
+            activities=activities,
+            schedule=schedule(wait=PROFILE_WAIT, warmup=PROFILE_WARMUP, active=self.steps, repeat=1),
+            record_shapes=True,  # the collectives' tensor sizes: the bytes each step moves
+            on_trace_ready=lambda prof: prof.export_chrome_trace(str(self.path)),
+        )
+        self.epoch, self.t0 = epoch, time.perf_counter()
+        self.prof.start()
+
+    def step(self, samples: int) -> None:
+        """After each training step (the optimizer's): the end of one ProfilerStep."""
+        if self.prof is None:
+            return
+        self.samples += samples
+        self.taken += 1
+        self.prof.step()
+        if self.taken >= PROFILE_WAIT + PROFILE_WARMUP + self.steps:  # the trace is written: stop
+            self.stop()
+
+    def stop(self) -> None:
+        if self.prof is None:
+            return
+        self.prof.stop()
+        self.prof, self.seconds = None, time.perf_counter() - self.t0
+        if self.rank == 0:
+            print(f"Profiled {max(0, self.taken - PROFILE_WAIT - PROFILE_WARMUP)} steps on every rank; "
+                  f"traces in {self.path.parent}.", flush=True)
 
 
 # ----------------------------------------------------------------------------- model, data
@@ -768,6 +846,7 @@ def main(argv=None) -> int:
         rng = None
     resumed_step = step
 
+    profiler = StepProfiler(args.profile_steps, args.output_dir, rank)  # --profile-steps (0: off)
     test_loss = test_acc = float("nan")
     for epoch in range(start_epoch, args.epochs + 1):
         sampler.set_epoch(epoch)  # DDP: a new shuffle each epoch, the same on every rank
@@ -780,12 +859,14 @@ def main(argv=None) -> int:
         if rng is not None:
             set_rng_state(rng)  # mid-epoch: after that draw, where the checkpoint took the state
             rng = None
+        profiler.start(epoch)
         for i, (x, y) in zip(range(first, per_epoch + 1), batches, strict=False):
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
             loss.backward()  # DDP: gradients are all-reduced here
             optimizer.step()
+            profiler.step(len(y))  # --profile-steps: one ProfilerStep ends here
             step += 1
             seen += len(y)
             if i % args.log_interval == 0:
@@ -803,6 +884,9 @@ def main(argv=None) -> int:
                 report_recovery(recovery, resumed_step, step)
                 recovery = None
         epoch_time = time.perf_counter() - t0
+        profiler.stop()  # an epoch shorter than the profiled window: its trace holds what it had
+        if profiler.epoch == epoch and seen > profiler.samples:  # the profiled (slower) steps are left out
+            epoch_time, seen = epoch_time - profiler.seconds, seen - profiler.samples
         test_loss, test_acc = evaluate(model, test_set, rank, world_size, device)
         if rank == 0:
             metrics(

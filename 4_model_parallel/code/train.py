@@ -143,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
              "stay free of checkpoint I/O)",
     )
     g.add_argument(
+        "--profile-steps", type=int, default=0,
+        help=f"torch.profiler on every rank for this many steps, after {PROFILE_WAIT} + {PROFILE_WARMUP} steps of "
+             "warm-up; one Chrome/Perfetto trace per rank in --output-dir/profile/ (0: off)",
+    )
+    g.add_argument(
         "--fault", default=env(FAULT_ENV, ""), metavar="kill-rank=R@step=N",
         help="fault injection: global rank R kills itself (SIGKILL) right after global step N, on the first "
              "attempt only, to show a torchrun --max-restarts recovery (default: $WORKSHOP_FAULT; empty: none)",
@@ -179,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--checkpoint-dir", default=env("SM_CHECKPOINT_DIR", "artifacts/checkpoints"),
         help="step-<N>/ checkpoints and the `latest` pointer (--checkpoint-every); resume from the newest complete one",
+    )
+    d.add_argument(
+        "--output-dir", default=env("SM_OUTPUT_DATA_DIR", "artifacts/output"),
+        help="other output (the --profile-steps traces); SageMaker uploads it with the job's output.tar.gz",
     )
     return p
 
@@ -236,6 +245,14 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
     if args.threads < 0 or args.hybrid_shard_degree < 0 or args.checkpoint_every < 0:
         problems.append("--threads, --hybrid-shard-degree and --checkpoint-every must be 0 or more")
         fixes.append("set --threads, --hybrid-shard-degree and --checkpoint-every to 0 (their defaults) or more")
+    profile_steps = getattr(args, "profile_steps", 0)
+    if profile_steps < 0:
+        problems.append(f"--profile-steps must be 0 (off) or more, got {profile_steps}")
+        fixes.append("set --profile-steps to 0 (no profiling) or a few steps, e.g. 5")
+    elif profile_steps and PROFILE_WAIT + PROFILE_WARMUP + profile_steps >= args.steps:
+        problems.append(f"--profile-steps {profile_steps} after {PROFILE_WAIT + PROFILE_WARMUP} warm-up steps leaves "
+                        f"no unprofiled step of --steps {args.steps} to time")
+        fixes.append(f"set --steps to {PROFILE_WAIT + PROFILE_WARMUP + profile_steps + 2} or more, or --profile-steps lower")
     if problems:
         raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
     smp = smp_settings(args)
@@ -285,6 +302,62 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
     fixes += fault_fixes
     if problems:
         raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
+
+
+# ----------------------------------------------------------------------------- profiling
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+PROFILE_WAIT, PROFILE_WARMUP = 2, 2
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+class StepProfiler:
+    """--profile-steps S: torch.profiler on this rank for S training steps, after PROFILE_WAIT steps
+    unrecorded and PROFILE_WARMUP recorded but dropped (torch.profiler.schedule), written as one
+    Chrome/Perfetto trace, `<output_dir>/profile/trace-rank<R>.json` (SM_OUTPUT_DATA_DIR: SageMaker
+    uploads it with the job's output). Each step is one `ProfilerStep#N` span in the trace. Off
+    (S = 0): every call does nothing. `seconds` and `samples`: the time and samples of the steps it
+    was on (profiling slows them), which the epoch's throughput leaves out."""
+
+    def __init__(self, steps: int, output_dir: str, rank: int):
+        self.steps, self.rank, self.prof, self.taken = steps, rank, None, 0
+        self.path = Path(output_dir) / "profile" / f"trace-rank{rank}.json"
+        self.seconds, self.samples, self.epoch, self.t0 = 0.0, 0, None, 0.0
+
+    def start(self, epoch: int) -> None:
+        if not self.steps or self.epoch is not None:
+            return
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self.prof = profile(
+            activities=activities,
+            schedule=schedule(wait=PROFILE_WAIT, warmup=PROFILE_WARMUP, active=self.steps, repeat=1),
+            record_shapes=True,  # the collectives' tensor sizes: the bytes each step moves
+            on_trace_ready=lambda prof: prof.export_chrome_trace(str(self.path)),
+        )
+        self.epoch, self.t0 = epoch, time.perf_counter()
+        self.prof.start()
+
+    def step(self, samples: int) -> None:
+        """After each training step (the optimizer's): the end of one ProfilerStep."""
+        if self.prof is None:
+            return
+        self.samples += samples
+        self.taken += 1
+        self.prof.step()
+        if self.taken >= PROFILE_WAIT + PROFILE_WARMUP + self.steps:  # the trace is written: stop
+            self.stop()
+
+    def stop(self) -> None:
+        if self.prof is None:
+            return
+        self.prof.stop()
+        self.prof, self.seconds = None, time.perf_counter() - self.t0
+        if self.rank == 0:
+            print(f"Profiled {max(0, self.taken - PROFILE_WAIT - PROFILE_WARMUP)} steps on every rank; "
+                  f"traces in {self.path.parent}.", flush=True)
 
 
 # ----------------------------------------------------------------------------- model, data
@@ -900,7 +973,10 @@ def main(argv=None) -> int:
         recovery = read_recovery(ckpt_dir, 0, attempt)
         announce_resume(None, 0, recovery)
     track = args.checkpoint_every > 0 or fault is not None  # progress records only where they can be used
+    profiler = StepProfiler(args.profile_steps, args.output_dir, rank)  # --profile-steps (0: off)
+    profiler.start(1)
     for step in range(start + 1, args.steps + 1):
+        profiled = profiler.prof is not None  # the step_time_s metric leaves profiled (slower) steps out
         x, y = batch(train, args.batch_size, args.seq_len, gen)
         x, y = x[rank * micro : (rank + 1) * micro].to(device), y[rank * micro : (rank + 1) * micro].to(device)  # DIST: this rank's slice
         measure = step == min(start + 2, args.steps)  # the first step warms up the allocator and caches
@@ -922,12 +998,14 @@ def main(argv=None) -> int:
         optimizer.step()
         if cuda:
             torch.cuda.synchronize()
-        step_times.append(time.perf_counter() - t0)
+        if not profiled:
+            step_times.append(time.perf_counter() - t0)
         loss_value = loss.detach()
         if distributed:
             dist.all_reduce(loss_value)  # DIST: the mean loss over the global batch
             loss_value /= world_size
         last_loss = loss_value.item()
+        profiler.step(len(x))  # --profile-steps: one ProfilerStep ends here
         if measure:
             measured = dict(
                 param_bytes=sum(local_bytes(p) for p in model.parameters()),
@@ -952,6 +1030,7 @@ def main(argv=None) -> int:
         if recovery is not None:  # the first step since the restart
             report_recovery(recovery, start, step)
             recovery = None
+    profiler.stop()
     if recovery is not None:  # resumed with no step left to do
         report_recovery(recovery, start, None)
 

@@ -1,0 +1,179 @@
+"""The profiler report (issue 15): trace analysis on small synthetic Chrome traces, the checks made
+before any process starts, and (slow) the real `profile` on lab 3 with 2 hosts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workshop import profiling
+from workshop.__main__ import main
+from workshop.errors import WorkshopError
+from workshop.labs import LABS, get_lab
+from workshop.profiling import profile, report_from
+from workshop.trace_report import PARTS, ProfileReport, analyze, load_trace
+
+
+def synthetic_trace(rank: int, world: int, waits_us: list[float], elements: int = 1000) -> dict:
+    """One rank's trace as torch.profiler writes it for a DDP step on gloo: ProfilerStep#N on the
+    training thread holding the DataLoader's __next__ (300 us), forward (5000), backward with the
+    bucket's c10d::allreduce_ (100) inside AccumulateGrad, an unrecorded wait (waits_us[i]) that ends
+    at DDP's `aten::as_strided` + `copy_bucket_to_grad` (50), the optimizer (400); gloo's own span
+    on another thread (whose end runs late, as real ones do)."""
+    pid, tid = 100 + rank, 100 + rank
+    events, t = [], 1_000_000.0 + rank * 7  # the hosts' clocks need not agree
+
+    def x(name, ts, dur, thread=tid, args=None, cat="cpu_op"):
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": thread, "ts": ts, "dur": dur,
+                       "args": args or {}})
+
+    for i, wait in enumerate(waits_us):
+        start = t
+        x("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t, 300, cat="user_annotation")
+        t += 310
+        x("DistributedDataParallel.forward", t, 5000, cat="user_annotation")
+        x("aten::conv2d", t + 10, 4000)
+        t += 5010
+        x("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", t, 150)
+        x("c10d::allreduce_", t + 20, 100, args={"Input Dims": [[[elements]], [], [], [], [], []]})
+        x("gloo:all_reduce", t + 60, 3000 + wait, thread=tid + 1, cat="user_annotation")
+        t += 150 + wait  # the training thread waits, recorded as nothing
+        x("aten::as_strided", t, 5)
+        x("torch.distributed.ddp.reducer::copy_bucket_to_grad", t + 10, 40)
+        t += 50
+        x("Optimizer.step#SGD.step", t, 400, cat="user_annotation")
+        t += 400
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{4 + i}", "pid": pid, "tid": tid,
+                       "ts": start, "dur": t - start, "args": {}})
+        t += 1
+    return {"distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world}, "traceEvents": events}
+
+
+def write_traces(folder: Path, traces: list[dict]) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for trace in traces:
+        path = folder / f"trace-rank{trace['distributedInfo']['rank']}.json"
+        path.write_text(json.dumps(trace))
+        paths.append(path)
+    return paths
+
+
+def test_a_steps_parts_as_the_trace_has_them():
+    steps = analyze(synthetic_trace(0, 2, [2000.0, 500.0])).steps
+    assert sorted(steps) == [4, 5]
+    s = steps[4]
+    assert s.total == pytest.approx((310 + 5010 + 150 + 2000 + 50 + 400) * 1e-6)
+    assert s.data == pytest.approx(300e-6)
+    assert s.comm_ops == pytest.approx(140e-6)  # c10d::allreduce_ and copy_bucket_to_grad (not gloo's thread)
+    # the gap before DDP resumes (as_strided, then the copy), not the one before the all-reduce's launch
+    assert s.wait == pytest.approx(2005e-6)
+    assert s.compute == pytest.approx(s.total - 300e-6 - 140e-6 - 2005e-6)
+    assert s.elements == 1000
+    assert s.ring_bytes == pytest.approx(1000 * 4 * 2 * (2 - 1) / 2)  # the ring all-reduce: 2(N-1)/N x K
+
+
+def test_the_parts_add_up_to_the_step_time_and_the_straggler_is_the_rank_that_waited_least():
+    # rank 1 is slow: in every step rank 0 waits 3 ms for it, rank 1 only 0.2 ms (the transfer itself)
+    report = ProfileReport.from_traces({0: synthetic_trace(0, 2, [3000, 3100, 2900]),
+                                        1: synthetic_trace(1, 2, [200, 200, 200])})
+    for s in report.summaries:
+        assert sum(s.part(p) for p in PARTS) == pytest.approx(s.step_s, rel=1e-9)
+        assert s.steps == 3
+    r0, r1 = report.summaries
+    assert report.straggler == 1 and r1.straggler_steps == 3 and r0.straggler_steps == 0
+    assert r0.idle_s == pytest.approx(2.8e-3, rel=0.05) and r1.idle_s == pytest.approx(0.0, abs=1e-9)
+    assert r0.communication_s == pytest.approx(r1.communication_s, rel=1e-6)  # the wait every rank had
+    assert sum(report.share(p) for p in PARTS) == pytest.approx(1.0)
+    table = report.table()
+    assert "straggler: rank 1" in table and "MB sent/step" in table
+
+
+def test_the_report_writes_its_table_plot_and_traces(tmp_path):
+    write_traces(tmp_path / "algo-1", [synthetic_trace(0, 2, [100, 900])])
+    write_traces(tmp_path / "algo-2", [synthetic_trace(1, 2, [700, 100])])
+    report = report_from([tmp_path / "algo-1", tmp_path / "algo-2"], out_dir=tmp_path / "out")
+    assert (tmp_path / "out" / "profile.png").stat().st_size > 0
+    assert (tmp_path / "out" / "profile.md").read_text().startswith(report.table().splitlines()[0])
+    assert sorted(p.name for p in (tmp_path / "out" / "traces").iterdir()) == ["trace-rank0.json", "trace-rank1.json"]
+    assert {s.straggler_steps for s in report.summaries} == {1}  # each rank was the straggler once
+
+
+@pytest.mark.parametrize("key", sorted(k for k, lab in LABS.items() if lab.profile_flag is None))
+def test_a_lab_that_cannot_be_profiled_is_refused_before_anything_starts(key, monkeypatch):
+    monkeypatch.setattr(profiling, "run_local", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(WorkshopError) as err:
+        profile(key, steps=3)
+    lab = get_lab(key)
+    framework = lab.sagemaker.framework if lab.sagemaker else ""
+    assert ("TensorFlow" in str(err.value)) == ("tensorflow" in framework)
+    assert err.value.fix and "data_parallel" in err.value.fix
+
+
+@pytest.mark.parametrize("steps", [0, -1, 2.5, True])
+def test_steps_below_one_are_refused_before_anything_starts(steps, monkeypatch):
+    monkeypatch.setattr(profiling, "run_local", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(WorkshopError, match="steps must be a whole number") as err:
+        profile("data_parallel", steps=steps)
+    assert "--steps 5" in err.value.fix
+
+
+def test_the_cli_refuses_steps_below_one_and_an_unprofilable_lab(capsys):
+    with pytest.raises(SystemExit):
+        main(["profile", "data_parallel", "--steps", "0"])
+    assert "--steps 5" in capsys.readouterr().err
+    assert main(["profile", "1_parameter_server", "--steps", "2"]) == 2
+    assert "TensorFlow" in capsys.readouterr().err
+
+
+def test_profiled_steps_that_do_not_fit_in_an_epoch_are_refused_by_the_scripts_own_check():
+    lab = get_lab("data_parallel")
+    hps = {**lab.local_hyperparameters, **lab.profile_hyperparameters, lab.profile_flag: 20}
+    # 4,000 samples over 4 ranks in batches of 64: 15 steps an epoch, 4 of them warm-up
+    with pytest.raises(WorkshopError, match="does not fit in the first epoch") as err:
+        lab.validate_hyperparameters(hps, world_size=4, train_samples=4000)
+    assert "--profile-steps to 11 or less" in str(err.value)
+    lab.validate_hyperparameters({**hps, lab.profile_flag: 11}, world_size=4, train_samples=4000)
+
+
+def test_missing_or_broken_traces_say_how_to_get_them(tmp_path):
+    with pytest.raises(WorkshopError, match="No profiler traces") as err:
+        report_from(tmp_path)
+    assert "python -m workshop profile" in err.value.fix
+    with pytest.raises(WorkshopError, match="No profiler trace at"):
+        load_trace(tmp_path / "trace-rank0.json")
+    (tmp_path / "trace-rank0.json").write_text('{"traceEvents": [')
+    with pytest.raises(WorkshopError, match="not a Chrome trace"):
+        report_from(tmp_path)
+    write_traces(tmp_path, [synthetic_trace(0, 2, [100])])  # a world of 2, rank 1's trace missing
+    with pytest.raises(WorkshopError, match=r"rank\(s\) 1 have none") as err:
+        report_from(tmp_path)
+    assert "every rank's trace" in err.value.fix
+    (tmp_path / "trace-rank0.json").write_text(json.dumps({"traceEvents": [], "distributedInfo": {"rank": 0}}))
+    with pytest.raises(WorkshopError, match="no ProfilerStep"):
+        report_from(tmp_path)
+
+
+@pytest.mark.slow
+def test_profile_lab_3_on_two_hosts(tmp_path, channels):
+    report = profile("data_parallel", hosts=2, steps=3, data_dir=channels["train"].parent,
+                     runs_dir=tmp_path / "runs", echo=False)
+    run = report.run
+    assert run.ok and run.world_size == 2
+    out = run.workdir / "profile"
+    assert sorted(p.name for p in (out / "traces").iterdir()) == ["trace-rank0.json", "trace-rank1.json"]
+    # each host wrote its own rank's trace into its output data folder (SageMaker uploads it)
+    assert [sorted(p.name for p in (h.output_data_dir / "profile").iterdir()) for h in run.hosts] == \
+        [["trace-rank0.json"], ["trace-rank1.json"]]
+    assert (out / "profile.png").stat().st_size > 0 and report.png == out / "profile.png"
+    assert "straggler: rank" in (out / "profile.md").read_text()
+    assert [s.rank for s in report.summaries] == [0, 1]
+    for s in report.summaries:
+        assert s.steps == 3
+        assert sum(s.part(p) for p in PARTS) == pytest.approx(s.step_s, rel=1e-9)
+        assert s.communication_s > 0 and s.data_s > 0 and s.compute_s > 0
+        assert s.bytes_per_step == pytest.approx(421_642 * 4)  # lab 3's CNN's fp32 gradients, 2(N-1)/N = 1
+    # the profiled steps are left out of the epoch's throughput, and the run still trains as usual
+    assert run.metric("weights_identical") == 1

@@ -1,0 +1,122 @@
+"""Where the time goes: run a lab's own script under torch.profiler and report each rank's step.
+
+    python -m workshop profile data_parallel --hosts 2 [--procs-per-host P] [--steps S]
+
+    from workshop.profiling import profile
+    report = profile("data_parallel", hosts=2, steps=5)   # a notebook cell: the same run
+    print(report.table()); report.plot()
+
+The lab's script profiles itself (its `profile_flag`, e.g. `--profile-steps S`: S steps after a
+warm-up, one Chrome/Perfetto trace per rank in the job's output data folder, which SageMaker uploads
+with the job's output); `workshop.trace_report` reads the traces back and splits every rank's step
+into compute, communication, data loading and idle (waiting for the slowest rank). The traces, the
+table (`profile.md`) and the plot (`profile.png`) end up in the run's folder under runs/. Open a
+trace in https://ui.perfetto.dev or chrome://tracing to see the steps themselves.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from workshop.errors import WorkshopError
+from workshop.labs import get_lab
+from workshop.runner import run_local
+from workshop.runtime.local_cluster import ClusterResult
+from workshop.spec import Lab
+from workshop.trace_report import ProfileReport
+
+TRACE_GLOB = "trace-rank*.json"
+
+
+def check_profilable(lab: Lab, steps: Any) -> None:
+    """Refuse, before anything starts, a lab whose script cannot profile itself or a step count below 1."""
+    if lab.profile_flag is None:
+        framework = lab.sagemaker.framework if lab.sagemaker else ""
+        if "tensorflow" in framework:
+            raise WorkshopError(
+                f"Lab {lab.key!r} is a TensorFlow lab: the profiler report covers the PyTorch labs' torch.profiler "
+                "traces only; TensorFlow's profiler is not covered (not built yet).",
+                "profile a PyTorch lab (`python -m workshop profile data_parallel`), or profile this one yourself "
+                "with tf.profiler.experimental.start/stop in its script and open the result in TensorBoard.")
+        raise WorkshopError(
+            f"Lab {lab.key!r}'s script has no profiling flag (its spec sets no profile_flag), so it cannot be profiled.",
+            "profile a lab whose script supports it (`python -m workshop profile data_parallel`), or add a "
+            "--profile-steps flag to its script as lab 3's has and set profile_flag in its lab.py.")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise WorkshopError(f"steps must be a whole number of at least 1, got {steps!r}.",
+                            "profile a few steps, e.g. --steps 5 (steps=5 in Python).")
+
+
+def find_traces(folders: list[Path]) -> list[Path]:
+    """The trace-rank<R>.json files under `folders` (each host's output data folder), or a WorkshopError."""
+    traces = sorted({p for folder in folders for p in Path(folder).rglob(TRACE_GLOB)})
+    if not traces:
+        where = ", ".join(str(f) for f in folders) or "(no folder)"
+        raise WorkshopError(f"No profiler traces ({TRACE_GLOB}) under {where}.",
+                            "profile the lab (`python -m workshop profile LAB`), and give the folder the job's "
+                            "output data went to (locally each host's output/data; on SageMaker the extracted "
+                            "output.tar.gz).")
+    return traces
+
+
+def report_from(folders: list[str | Path] | str | Path, out_dir: str | Path | None = None,
+                title: str | None = None) -> ProfileReport:
+    """The report of the traces under `folders`; with `out_dir`, the traces are gathered into
+    `out_dir/traces/` and the table (`profile.md`) and plot (`profile.png`) are written there."""
+    folders = [Path(folders)] if isinstance(folders, (str, Path)) else [Path(f) for f in folders]
+    traces = find_traces(folders)
+    report = ProfileReport.from_files(traces, title=title)
+    if out_dir is not None:
+        out = Path(out_dir)
+        (out / "traces").mkdir(parents=True, exist_ok=True)
+        for rt in report.ranks.values():
+            if rt.path is not None and rt.path.parent != out / "traces":
+                shutil.copy2(rt.path, out / "traces" / rt.path.name)
+        (out / "profile.md").write_text(report.table() + "\n")
+        report.plot(out / "profile.png")
+    return report
+
+
+def profile(
+    lab: Lab | str,
+    *,
+    hosts: int | None = None,
+    procs_per_host: int | None = None,
+    steps: int = 5,
+    hyperparameters: dict[str, Any] | None = None,
+    mode: str = "local",
+    data_dir: str | Path | None = None,
+    runs_dir: str | Path | None = None,
+    echo: bool = True,
+    verbose: bool = False,
+) -> ProfileReport:
+    """Run `lab` with its script's profiler on every rank for `steps` steps (after its warm-up), then
+    build, print and plot the report. Returns a `workshop.trace_report.ProfileReport` (`.table()`,
+    `.plot()`, `.share("communication")`, `.png`, `.run`: the local run's `ClusterResult`).
+
+    Hyperparameters: the lab's local defaults, then its `profile_hyperparameters` (e.g. one epoch),
+    then `hyperparameters`. Every check (the lab can be profiled, steps, the script's own checks of the
+    hyperparameters, e.g. that the profiled steps fit in an epoch) happens before any process starts.
+    """
+    if isinstance(lab, str):
+        lab = get_lab(lab)
+    check_profilable(lab, steps)
+    if mode != "local":
+        raise WorkshopError(f"Profiling in mode {mode!r} is not built yet: only the local cluster is covered.",
+                            "profile with mode='local' (CLI: drop --mode); on SageMaker, pass the script's "
+                            f"--{lab.profile_flag} as a hyperparameter and build the report from the job's "
+                            "extracted output.tar.gz with workshop.profiling.report_from(folder).")
+    hps = {**lab.profile_hyperparameters, **(hyperparameters or {}), lab.profile_flag: steps}
+    result: ClusterResult = run_local(lab, hosts=hosts, procs_per_host=procs_per_host, hyperparameters=hps,
+                                      data_dir=data_dir, runs_dir=runs_dir, echo=echo, verbose=verbose)
+    layout = f"{len(result.hosts)} host(s), {result.world_size} rank(s)"
+    report = report_from([h.output_data_dir for h in result.hosts], out_dir=result.workdir / "profile",
+                         title=f"{lab.label}, {layout}")
+    report.run = result
+    if echo:
+        print(report.table(), flush=True)
+        print(f"Traces (open in https://ui.perfetto.dev): {result.workdir / 'profile' / 'traces'}; "
+              f"plot: {report.png}", flush=True)
+    return report

@@ -1,0 +1,362 @@
+"""Where a training step's time goes, read from `torch.profiler` Chrome/Perfetto traces (one per rank).
+
+No lab knowledge: it reads traces written with `export_chrome_trace` by a script that calls
+`prof.step()` once per training step (each step is then one `ProfilerStep#N` span on the training
+thread), and splits every rank's steps into four parts that add up to the step exactly:
+
+- **data**: the DataLoader's `__next__` (`enumerate(DataLoader)#..._next__`).
+- **communication**: the collectives as the training thread runs them (`c10d::allreduce_` and the
+  other `c10d::` ops, DDP's bucket copies `...reducer::...`, `gloo:`/`nccl:` annotations), plus the
+  part of its waits for them that every rank had to wait (the straggler's wait: the transfer itself).
+  On CPU with gloo the all-reduce runs on gloo's own threads, and the training thread's wait for it
+  (DDP's `finalize_backward` waiting on the bucket's future) is recorded as no op at all: it is a gap
+  on the training thread that ends where DDP resumes with the result (`aten::as_strided`, a view of
+  the bucket, then `...reducer::copy_bucket_to_grad`). A gap followed within RESUME_US by such a
+  collective op (not a launch) is therefore counted as a wait. (gloo's own `gloo:all_reduce` spans on
+  its threads are not used: their ends run past the point where the training thread has the result.)
+- **idle**: waiting for the slowest rank: a rank's wait beyond the least any rank waited in that step.
+  The rank that waited least is that step's straggler (everyone else waited for it). This needs no
+  common clock across hosts: each rank's waits are durations on its own clock.
+- **compute**: the rest (forward, backward, optimizer, and the Python between them).
+
+Bytes per step: the elements of each collective's input tensors (`Input Dims`, recorded when the
+profiler has `record_shapes=True`), 4 bytes each (fp32 gradients), times the ring algorithm's
+factor: 2(N-1)/N for an all-reduce, (N-1)/N for an all-gather or reduce-scatter, 1 for a broadcast.
+
+    report = ProfileReport.from_files(["trace-rank0.json", "trace-rank1.json"])
+    print(report.table()); report.plot("profile.png")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workshop.errors import WorkshopError
+
+STEP_PREFIX = "ProfilerStep#"
+PARTS = ("compute", "communication", "data", "idle")
+_COMM = re.compile(r"^c10d::|^gloo:|^nccl:|reducer::|record_param_comms|all_?reduce|all_?gather|reduce_?scatter"
+                   r"|broadcast|barrier", re.IGNORECASE)
+_DATA = re.compile(r"DataLoader.*__next__")
+_RING = {"allreduce": lambda n: 2 * (n - 1) / n, "all_reduce": lambda n: 2 * (n - 1) / n,
+         "allgather": lambda n: (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+         "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+BYTES_PER_ELEMENT = 4  # fp32
+# A gap on the training thread is a wait for a collective when a collective op starts at most this many
+# microseconds after it ends (DDP resumes with a view of the bucket, `aten::as_strided`, then copies it).
+RESUME_US = 50.0
+
+
+def is_communication(name: str) -> bool:
+    return bool(_COMM.search(name))
+
+
+def is_resume(name: str) -> bool:
+    """A collective op that the training thread runs once a collective is done (DDP's bucket copies, a
+    `c10d::wait`), unlike a launch (`c10d::allreduce_`), which a wait does not end in."""
+    return is_communication(name) and (not name.startswith("c10d::") or "wait" in name)
+
+
+def is_data(name: str) -> bool:
+    return bool(_DATA.search(name))
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """One rank's step, in seconds: its parts before the cross-rank split of its wait."""
+
+    step: int  # N of ProfilerStep#N
+    total: float
+    data: float
+    comm_ops: float  # the training thread inside collective ops
+    wait: float  # the training thread idle until a collective op resumed it
+    elements: int  # collective input elements (0 without record_shapes)
+    ring_bytes: float  # bytes each rank sends in this step's collectives (ring algorithm)
+
+    @property
+    def compute(self) -> float:
+        return self.total - self.data - self.comm_ops - self.wait
+
+
+@dataclass
+class RankTrace:
+    """What one rank's trace says, step by step."""
+
+    rank: int
+    world_size: int
+    backend: str
+    steps: dict[int, StepTimes]
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    """One rank's mean step (seconds) split into PARTS, which add up to `step_s`."""
+
+    rank: int
+    steps: int
+    step_s: float
+    compute_s: float
+    communication_s: float
+    data_s: float
+    idle_s: float
+    bytes_per_step: float
+    straggler_steps: int  # steps in which this rank waited least (everyone waited for it)
+
+    def part(self, name: str) -> float:
+        return getattr(self, f"{name}_s")
+
+    def share(self, name: str) -> float:
+        return self.part(name) / self.step_s if self.step_s else 0.0
+
+
+def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _length(intervals: Iterable[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _minus(intervals: list[tuple[float, float]], cut: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """`intervals` less `cut` (both unions)."""
+    out = []
+    for a, b in intervals:
+        pieces = [(a, b)]
+        for c, d in cut:
+            pieces = [p for x, y in pieces for p in ((x, min(y, c)), (max(x, d), y)) if p[1] > p[0]]
+        out += pieces
+    return out
+
+
+def _spans(events: Iterable[Mapping[str, Any]], end: float) -> list[tuple[float, float]]:
+    """The union of the events' spans, cut at `end` (the step's end)."""
+    return _union((float(e["ts"]), min(end, float(e["ts"]) + float(e["dur"]))) for e in events)
+
+
+def _elements(event: Mapping[str, Any]) -> int:
+    dims = event.get("args", {}).get("Input Dims") or []
+    total = 0
+    for dim in dims[:1]:  # the first input: the tensor (or tensor list) the collective moves
+        shapes = dim if dim and isinstance(dim[0], list) else [dim]
+        total += sum(math.prod(s) for s in shapes if s)
+    return total
+
+
+def _ring_factor(name: str, world_size: int) -> float:
+    low = name.lower()
+    for key, factor in _RING.items():
+        if key in low:
+            return factor(world_size) if world_size > 1 else 0.0
+    return 0.0
+
+
+def load_trace(path: str | Path) -> dict[str, Any]:
+    """A Chrome trace file (a dict with `traceEvents`), or a WorkshopError saying what to do."""
+    path = Path(path)
+    if not path.is_file():
+        raise WorkshopError(f"No profiler trace at {path}.",
+                            "run the job with profiling on (`python -m workshop profile LAB`, or the script's "
+                            "--profile-steps S), and give the folder its traces were written to.")
+    try:
+        trace = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WorkshopError(f"{path} is not a Chrome trace (JSON): {exc}.",
+                            "give the trace-rank<R>.json files torch.profiler's export_chrome_trace wrote; a file "
+                            "cut short (a job stopped while writing) cannot be read: profile again.") from None
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise WorkshopError(f"{path} has no traceEvents: not a torch.profiler Chrome trace.",
+                            "give the files written by torch.profiler's export_chrome_trace.")
+    return trace
+
+
+def analyze(trace: Mapping[str, Any], rank: int | None = None, path: Path | None = None) -> RankTrace:
+    """Split each `ProfilerStep#N` of one rank's trace (see the module's docstring)."""
+    info = trace.get("distributedInfo") or {}
+    rank = int(info.get("rank", 0)) if rank is None else rank
+    world_size = int(info.get("world_size", 1))
+    where = f" ({path})" if path else ""
+    spans = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e and "ts" in e]
+    step_events = [e for e in spans if str(e.get("name", "")).startswith(STEP_PREFIX)]
+    if not step_events:
+        raise WorkshopError(f"The trace of rank {rank}{where} has no {STEP_PREFIX}N spans: no profiled step.",
+                            "profile more steps (each ends with prof.step()); a run that stopped before its "
+                            "profiled steps writes none.")
+    main = (step_events[0].get("pid"), step_events[0].get("tid"))
+    ops = sorted((e for e in spans if (e.get("pid"), e.get("tid")) == main
+                  and not str(e.get("name", "")).startswith(STEP_PREFIX)), key=lambda e: float(e["ts"]))
+    steps: dict[int, StepTimes] = {}
+    for step_event in step_events:
+        number = int(re.sub(r"\D", "", step_event["name"][len(STEP_PREFIX):]) or 0)
+        t0 = float(step_event["ts"])
+        t1 = t0 + float(step_event["dur"])
+        inside = [e for e in ops if t0 <= float(e["ts"]) < t1]
+        busy = _spans(inside, t1)
+        data = _spans((e for e in inside if is_data(e["name"])), t1)
+        comm_events = [e for e in inside if is_communication(e["name"])]
+        comm = _minus(_spans(comm_events, t1), data)
+        # what resumes the training thread after a wait: a collective op other than a launch (c10d::allreduce_)
+        comm_starts = sorted(float(e["ts"]) for e in comm_events if is_resume(e["name"]))
+        # Gaps on the training thread that end where a collective op starts: waits for a collective.
+        gaps = _minus([(t0, t1)], busy)
+        wait = 0.0
+        for a, b in gaps:
+            if any(b - 1.0 <= s <= b + RESUME_US for s in comm_starts):  # the trace's unit is microseconds
+                wait += b - a
+        elements = 0
+        ring = 0.0
+        for e in comm_events:
+            if str(e["name"]).startswith("c10d::"):
+                n = _elements(e)
+                elements += n
+                ring += n * BYTES_PER_ELEMENT * _ring_factor(e["name"], world_size)
+        us = 1e-6
+        steps[number] = StepTimes(number, (t1 - t0) * us, _length(data) * us, _length(comm) * us, wait * us,
+                                  elements, ring)
+    return RankTrace(rank, world_size, str(info.get("backend", "")), steps, path)
+
+
+@dataclass
+class ProfileReport:
+    """Every rank's steps split into PARTS; `.table()`, `.plot()`; built by `from_files`/`from_traces`."""
+
+    ranks: dict[int, RankTrace]
+    summaries: list[RankSummary] = field(default_factory=list)
+    png: Path | None = None
+    title: str = "where the step time goes"
+    run: Any = None  # the run the traces came from (workshop.profiling sets it), if any
+
+    @classmethod
+    def from_files(cls, paths: Iterable[str | Path], title: str | None = None) -> ProfileReport:
+        paths = [Path(p) for p in paths]
+        if not paths:
+            raise WorkshopError("No profiler traces were given.",
+                                "profile the job first (`python -m workshop profile LAB`), then pass its "
+                                "trace-rank<R>.json files.")
+        return cls.from_traces({p: load_trace(p) for p in paths}, title=title)
+
+    @classmethod
+    def from_traces(cls, traces: Mapping[Any, Mapping[str, Any]], title: str | None = None) -> ProfileReport:
+        ranks: dict[int, RankTrace] = {}
+        for key, trace in traces.items():
+            path = key if isinstance(key, Path) else None
+            rt = analyze(trace, path=path)
+            if rt.rank in ranks:
+                raise WorkshopError(f"Two traces say they are rank {rt.rank}.",
+                                    "give one trace per rank, from one run.")
+            ranks[rt.rank] = rt
+        world = {rt.world_size for rt in ranks.values()}
+        missing = sorted(set(range(max(world))) - set(ranks)) if world else []
+        if missing:
+            raise WorkshopError(f"The traces are of a world of {max(world)} ranks, but rank(s) "
+                                f"{', '.join(map(str, missing))} have none.",
+                                "give every rank's trace-rank<R>.json (each host writes its own ranks' traces; "
+                                "locally in each host's output/data/profile, on SageMaker in output.tar.gz).")
+        report = cls(ranks, title=title or cls.title)
+        report.summaries = report._summarize()
+        return report
+
+    def _summarize(self) -> list[RankSummary]:
+        common = sorted(set.intersection(*(set(rt.steps) for rt in self.ranks.values())))
+        if not common:
+            raise WorkshopError("The ranks' traces share no profiled step number.",
+                                "give traces from one run (every rank profiles the same steps).")
+        totals = {r: dict.fromkeys(("step", "compute", "communication", "data", "idle", "bytes"), 0.0)
+                  for r in self.ranks}
+        straggler = dict.fromkeys(self.ranks, 0)
+        for n in common:
+            waits = {r: rt.steps[n].wait for r, rt in self.ranks.items()}
+            least = min(waits.values())
+            slowest = min(waits, key=lambda r: (waits[r], r))
+            straggler[slowest] += 1
+            for r, rt in self.ranks.items():
+                s = rt.steps[n]
+                t = totals[r]
+                t["step"] += s.total
+                t["data"] += s.data
+                t["communication"] += s.comm_ops + least
+                t["idle"] += s.wait - least
+                t["compute"] += s.compute
+                t["bytes"] += s.ring_bytes
+        k = len(common)
+        return [RankSummary(r, k, t["step"] / k, t["compute"] / k, t["communication"] / k, t["data"] / k,
+                            t["idle"] / k, t["bytes"] / k, straggler[r]) for r, t in sorted(totals.items())]
+
+    @property
+    def world_size(self) -> int:
+        return max(rt.world_size for rt in self.ranks.values())
+
+    @property
+    def straggler(self) -> int:
+        """The rank everyone waited for most often."""
+        return max(self.summaries, key=lambda s: (s.straggler_steps, -s.rank)).rank
+
+    def share(self, part: str) -> float:
+        """`part`'s share of the step, over every rank's profiled steps."""
+        return sum(s.part(part) for s in self.summaries) / sum(s.step_s for s in self.summaries)
+
+    def table(self) -> str:
+        head = ["rank", "step ms", "compute", "communication", "data", "idle", "MB sent/step", "straggler in"]
+        rows = []
+        for s in self.summaries:
+            rows.append([str(s.rank), f"{s.step_s * 1e3:.1f}",
+                         *(f"{s.part(p) * 1e3:.1f} ({s.share(p):.0%})" for p in PARTS),
+                         f"{s.bytes_per_step / 1e6:.2f}", f"{s.straggler_steps}/{s.steps}"])
+        rows.append(["all", f"{sum(s.step_s for s in self.summaries) / len(self.summaries) * 1e3:.1f}",
+                     *(f"{self.share(p):.0%}" for p in PARTS), "", ""])
+        widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
+        line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
+        backend = next(iter(self.ranks.values())).backend
+        notes = [f"{self.title}: {len(self.ranks)} ranks ({backend or 'unknown backend'}), "
+                 f"{self.summaries[0].steps} profiled steps, mean per step (ms, share of the step)",
+                 line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows),
+                 f"straggler: rank {self.straggler} (the rank that waited least in most steps: everyone "
+                 "waited for it); communication = collective ops + the wait every rank had; idle = the "
+                 "wait beyond it; MB sent = the ring algorithm's bytes for the collectives' fp32 tensors."]
+        return "\n".join(notes)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def plot(self, path: str | Path | None = None):
+        """A stacked bar per rank (PARTS, ms per step); saved as `path` (or the report's `png`). Returns the figure."""
+        import matplotlib
+
+        if "ipykernel" not in sys.modules:
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        colors = {"compute": "tab:blue", "communication": "tab:orange", "data": "tab:green", "idle": "lightgrey"}
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(self.summaries) + 3), 4.0))
+        xs = [f"rank {s.rank}" + (" *" if s.rank == self.straggler else "") for s in self.summaries]
+        bottom = [0.0] * len(xs)
+        for p in PARTS:
+            values = [s.part(p) * 1e3 for s in self.summaries]
+            ax.bar(xs, values, bottom=bottom, color=colors[p], label=f"{p} ({self.share(p):.0%})",
+                   hatch="//" if p == "idle" else None, edgecolor="grey" if p == "idle" else None)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        ax.set_ylabel("ms per step (mean over profiled steps)")
+        ax.set_title(f"{self.title} (* straggler)")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        fig.tight_layout()
+        out = Path(path) if path else self.png
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(out, dpi=110)
+            self.png = out
+        return fig

@@ -50,7 +50,7 @@ def test_runs_alone_with_no_launcher(tmp_path, channels):
 
 @pytest.mark.slow
 def test_runs_under_torchrun(tmp_path, channels):
-    proc = run_script([str(BIN / "torchrun"), "--nproc-per-node", "2"], tmp_path, channels, QUICK)
+    proc = run_script([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"], tmp_path, channels, QUICK)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = metrics.parse_lines(proc.stdout.splitlines())
     assert metrics.last(records, "weights_identical") == 1
@@ -166,10 +166,10 @@ def test_gloo_binds_to_sagemakers_network_interface(monkeypatch):
 @pytest.mark.slow
 def test_gloo_really_uses_the_interface_sagemaker_names(tmp_path, channels):
     env = {"SM_NETWORK_INTERFACE_NAME": "lo"}
-    proc = run_script([str(BIN / "torchrun"), "--nproc-per-node", "2"], tmp_path, channels, QUICK, env=env)
+    proc = run_script([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"], tmp_path, channels, QUICK, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "model" / "config.json").read_text())["gloo_socket_ifname"] == "lo"
     # An interface the host lacks fails in gloo itself: the variable reaches it.
-    bad = run_script([str(BIN / "torchrun"), "--nproc-per-node", "2"], tmp_path, channels, QUICK,
+    bad = run_script([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"], tmp_path, channels, QUICK,
                      env={"SM_NETWORK_INTERFACE_NAME": "nosuch0"})
     assert bad.returncode != 0 and "nosuch0" in bad.stderr

@@ -125,19 +125,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_world(world: int, size_list: list[int]) -> list[dict]:
+def spawn_ranks(target, world: int, args: tuple, what: str):
+    """`world` spawned processes `target(rank, world, port, *args, queue)` meeting on a free port;
+    returns what rank 0 put on the queue, or exits naming `what` if a rank failed."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, size_list, queue)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, queue)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
         p.join()
     bad = [p.exitcode for p in procs if p.exitcode != 0]
     if bad:
-        sys.exit(f"An all-reduce rank failed (exit codes {bad}); see its traceback above.")
+        sys.exit(f"{what} rank failed (exit codes {bad}); see its traceback above.")
     return queue.get()
+
+
+def run_world(world: int, size_list: list[int]) -> list[dict]:
+    return spawn_ranks(_worker, world, (size_list,), "An all-reduce")
 
 
 def copy_bandwidth(nbytes: int = 256 * MIB, repeats: int = 5) -> float:

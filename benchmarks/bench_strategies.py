@@ -415,21 +415,7 @@ def fsdp_unit_cost(world: int, units: int = TOY_UNITS, steps: int = TOY_STEPS) -
     copies and the latency of the unit's three blocking collectives (the bytes are ~1 KiB), i.e.
     (step with fully_shard - the same step without) / units, median over paired steps. At world
     size 1 FSDP2 runs its hooks but no collective."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = _free_port()
-    procs = [ctx.Process(target=_fsdp_unit_worker, args=(r, world, port, units, steps, queue))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    bad = [p.exitcode for p in procs if p.exitcode != 0]
-    if bad:
-        sys.exit(f"An FSDP microbenchmark rank failed (exit codes {bad}); see its traceback above.")
-    plain, sharded = queue.get()
+    plain, sharded = bench_allreduce.spawn_ranks(_fsdp_unit_worker, world, (units, steps), "An FSDP microbenchmark")
     per_unit = statistics.median((f - p) / units for p, f in zip(plain, sharded, strict=True))
     return {"world_size": world, "unit_s": max(0.0, per_unit), "plain_step_s": statistics.median(plain),
             "fsdp_step_s": statistics.median(sharded), "units": units, "steps": steps}
@@ -720,19 +706,14 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     print()
     print("\n".join(f"- {n}" for n in notes))
-    ddp = [w for w in rows if w.strategy == DDP and w.predicted_s and w.procs > 1]
-    for w in ddp:
+    # DDP's rows from N=2 (N=1 has no communication to predict), then FSDP's from N=1 (its hooks run there).
+    compared = ([w for w in rows if w.strategy == DDP and w.predicted_s and w.procs > 1]
+                + [w for w in rows if w.strategy == FSDP and w.predicted_s])
+    for w in compared:
         err = (w.predicted_s - w.run.step_s) / w.run.step_s
         err1 = (w.predicted_from1_s - w.run.step_s) / w.run.step_s
-        print(f"Planner vs measured, DDP N={w.procs}: {w.run.step_s * 1e3:.1f} ms measured; predicted "
-              f"{w.predicted_s * 1e3:.1f} ms from the compute measured at N (error {err:+.0%}), "
-              f"{w.predicted_from1_s * 1e3:.1f} ms from the 1-process compute time-shared over "
-              f"{cores} cores (error {err1:+.0%}). Target: within 25%.")
-    for w in [w for w in rows if w.strategy == FSDP and w.predicted_s]:
-        err = (w.predicted_s - w.run.step_s) / w.run.step_s
-        err1 = (w.predicted_from1_s - w.run.step_s) / w.run.step_s
-        print(f"Planner vs measured, FSDP N={w.procs}: {w.run.step_s * 1e3:.1f} ms measured; predicted "
-              f"{w.predicted_s * 1e3:.1f} ms from the compute measured at N (error {err:+.0%}), "
+        print(f"Planner vs measured, {w.strategy.upper()} N={w.procs}: {w.run.step_s * 1e3:.1f} ms measured; "
+              f"predicted {w.predicted_s * 1e3:.1f} ms from the compute measured at N (error {err:+.0%}), "
               f"{w.predicted_from1_s * 1e3:.1f} ms from the 1-process compute time-shared over "
               f"{cores} cores (error {err1:+.0%}). Target: within 25%.")
     suspicious = [w for w in rows if w.procs > 1 and w.efficiency > 1.05]

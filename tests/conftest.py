@@ -47,6 +47,18 @@ def channels(mnist_dir) -> dict[str, Path]:
     return {"train": mnist_dir / "train", "test": mnist_dir / "test"}
 
 
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """Prepared-looking MNIST channels for SageMaker paths that upload but train nothing (tiny arrays)."""
+    import numpy as np
+
+    root = tmp_path / "mnist"
+    for channel in ("train", "test"):
+        (root / channel).mkdir(parents=True)
+        np.savez(root / channel / "mnist.npz", images=np.zeros((4, 28, 28), np.uint8), labels=np.arange(4))
+    return root
+
+
 @pytest.fixture(autouse=True)
 def _offline_mnist(monkeypatch):
     monkeypatch.setenv("WORKSHOP_MNIST_SOURCE", os.environ.get("WORKSHOP_MNIST_SOURCE", "subset"))

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from workshop import runner
@@ -27,16 +26,6 @@ REGION = "us-east-1"
 JOB_BOUND = "at most $2.82 (2 x ml.g5.xlarge x $1.408/h x 1 h)"
 NETWORK_BOUND = ", plus $0.040 per hour for the workshop network while it exists"
 HPS = {"epochs": 1, "batch-size": 2}
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    """Prepared-looking MNIST channels (tiny arrays: nothing trains on them here)."""
-    root = tmp_path / "mnist"
-    for channel in ("train", "test"):
-        (root / channel).mkdir(parents=True)
-        np.savez(root / channel / "mnist.npz", images=np.zeros((4, 28, 28), np.uint8), labels=np.arange(4))
-    return root
 
 
 @pytest.fixture

@@ -141,16 +141,6 @@ def fake_aws(moto_session: Any) -> FakeAws:
     return FakeAws(boto=boto, role_arn=role["Role"]["Arn"])
 
 
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    """Prepared-looking MNIST channels (tiny arrays: nothing trains on them here)."""
-    root = tmp_path / "mnist"
-    for channel in ("train", "test"):
-        (root / channel).mkdir(parents=True)
-        np.savez(root / channel / "mnist.npz", images=np.zeros((4, 28, 28), np.uint8), labels=np.arange(4))
-    return root
-
-
 def channel_uris(request: dict[str, Any]) -> dict[str, str]:
     return {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]}
 

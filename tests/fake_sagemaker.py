@@ -91,8 +91,9 @@ SDK uploaded, and each CreateHyperParameterTuningJob run its training jobs (6. b
    `/aws/sagemaker/TrainingJobs`, stream `<job>/algo-N-<epoch seconds>`, as a real job shows
    them: without the local cluster's `[host/rank]` prefix and without torchrun's
    `[defaultN]:` tag. `FinalMetricDataList` is the last value each of the request's
-   `MetricDefinitions` regexes matched in the logs. Rank 0's host's model folder is uploaded
-   as `<S3OutputPath>/<job>/output/model.tar.gz` (the path moto reports). The job ends
+   `MetricDefinitions` regexes matched in the logs. Every host's model folder is aggregated
+   into `<S3OutputPath>/<job>/output/model.tar.gz` (the path moto reports), and every host's
+   `/opt/ml/output/data` into `output.tar.gz` beside it, as the service aggregates them. The job ends
    `Completed`; `Failed` with `FailureReason` (`AlgorithmError: ` and the driver's failure
    file, else the local cluster's report) when the run fails; `Stopped`
    (`MaxRuntimeExceeded`) past its time limit.
@@ -283,6 +284,7 @@ class JobRun:
     log_lines: dict[str, int] = field(default_factory=dict)  # host -> lines sent to CloudWatch
     final_metrics: dict[str, float] = field(default_factory=dict)
     model_artifact: str | None = None
+    output_artifact: str | None = None  # output.tar.gz: every host's /opt/ml/output/data
     wall_time_s: float = 0.0
     workdir: str = ""
     network: str = ""  # what the job's hosts could reach
@@ -1005,12 +1007,17 @@ class FakeSageMaker:
             transitions.append({"Status": "Uploading", "StartTime": _now(), "StatusMessage": "Uploading generated training model"})
         if checkpoint_dir is not None and checkpoint_dir.is_dir():
             _upload_dir(s3, checkpoint_dir, checkpoint["S3Uri"])
-        # SageMaker saves the model of a job stopped at max runtime, or by StopTrainingJob, too
+        # SageMaker saves the model of a job stopped at max runtime, or by StopTrainingJob, too: every
+        # host's /opt/ml/model in one model.tar.gz, every host's /opt/ml/output/data in output.tar.gz
         if result.ok or timed_out or stop.is_set():
             artifact = job.model_artifacts["S3ModelArtifacts"]
             bucket, key = _split_s3(artifact)
-            s3.put_object(Bucket=bucket, Key=key, Body=_tar_gz(result.model_dir))
+            s3.put_object(Bucket=bucket, Key=key, Body=_tar_gz(*(h.model_dir for h in result.hosts)))
             run.model_artifact = artifact
+            output = artifact.rsplit("/", 1)[0] + "/output.tar.gz"
+            bucket, key = _split_s3(output)
+            s3.put_object(Bucket=bucket, Key=key, Body=_tar_gz(*(h.output_data_dir for h in result.hosts)))
+            run.output_artifact = output
         if result.ok:
             return "Completed", "Completed", None
         if timed_out == "wait":
@@ -1373,13 +1380,22 @@ def _upload_dir(s3: Any, folder: Path, uri: str) -> None:
         s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
 
 
-def _tar_gz(folder: Path) -> bytes:
-    """`model.tar.gz` of a model folder's contents (member names relative to it)."""
+def _tar_gz(*folders: Path) -> bytes:
+    """`model.tar.gz` (or `output.tar.gz`) of the hosts' folders' contents, member names relative to
+    each: SageMaker aggregates every host's folder into one archive. Hosts should not write the same
+    name; where two do, the first host's file is the one archived (the service documents no order)."""
     buffer = io.BytesIO()
+    seen: set[str] = set()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        if folder.is_dir():
+        for folder in folders:
+            if not folder.is_dir():
+                continue
             for path in sorted(folder.rglob("*")):
-                tar.add(path, arcname=path.relative_to(folder).as_posix(), recursive=False)
+                name = path.relative_to(folder).as_posix()
+                if name in seen:
+                    continue
+                seen.add(name)
+                tar.add(path, arcname=name, recursive=False)
     return buffer.getvalue()
 
 

@@ -142,3 +142,40 @@ def test_the_fake_says_whether_the_image_carries_the_framework_it_runs_with(imag
 
     note = fake_sagemaker.image_framework_note(image)
     assert ("the same" in note and "NOT" not in note) == same, note
+
+
+@pytest.mark.slow
+def test_every_hosts_model_and_output_data_are_aggregated_into_one_archive_each(fake: Any, tmp_path: Path) -> None:
+    """The service aggregates every host's /opt/ml/model into model.tar.gz and every host's
+    /opt/ml/output/data into output.tar.gz beside it (not rank 0's host's alone): a job whose
+    hosts each write a file of their own finds them all in the archives."""
+    import io
+    import tarfile
+
+    import boto3
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(
+        "import os, pathlib, socket\n"
+        "host = os.environ.get('SM_CURRENT_HOST') or socket.gethostname()\n"
+        "for var, stem in (('SM_MODEL_DIR', 'weights'), ('SM_OUTPUT_DATA_DIR', 'trace')):  # one rank per host\n"
+        "    folder = pathlib.Path(os.environ[var])\n"
+        "    folder.mkdir(parents=True, exist_ok=True)\n"
+        "    (folder / f'{stem}-{host}.txt').write_text(host)\n"
+    )
+    described = train(fake, code, hosts=2)
+    assert described["TrainingJobStatus"] == "Completed", described.get("FailureReason")
+    model = described["ModelArtifacts"]["S3ModelArtifacts"]
+    s3 = boto3.Session(region_name=fake.region).client("s3")
+
+    def members(uri: str) -> dict[str, str]:
+        bucket, key = uri[len("s3://"):].split("/", 1)
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
+            return {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}
+
+    assert members(model) == {"weights-algo-1.txt": "algo-1", "weights-algo-2.txt": "algo-2"}
+    output = model.rsplit("/", 1)[0] + "/output.tar.gz"
+    assert output == fake.jobs[-1].output_artifact
+    assert members(output) == {"trace-algo-1.txt": "algo-1", "trace-algo-2.txt": "algo-2"}

@@ -77,31 +77,47 @@ class JobResult:
         """The job's METRICS lines from CloudWatch, as `workshop.metrics` records."""
         return job_records(self.job_name, self.boto_session)
 
+    @property
+    def output_artifact(self) -> str | None:
+        """Where SageMaker put `output.tar.gz`: every host's /opt/ml/output/data (SM_OUTPUT_DATA_DIR),
+        beside model.tar.gz; None when the job left no model artifact."""
+        if not self.model_artifact:
+            return None
+        return self.model_artifact.rsplit("/", 1)[0] + "/output.tar.gz"
+
     def download_model(self, dest: str | os.PathLike[str]) -> Path:
         """Fetch `model.tar.gz` and extract it into `dest`; returns `dest`."""
+        return self._download(self.model_artifact, dest, "model",
+                              "SageMaker uploads model.tar.gz when the job completes, with whatever the script "
+                              "wrote to SM_MODEL_DIR (/opt/ml/model); check the job's logs.")
+
+    def download_output(self, dest: str | os.PathLike[str]) -> Path:
+        """Fetch `output.tar.gz` (what the scripts wrote to SM_OUTPUT_DATA_DIR on every host, e.g.
+        profiler traces) and extract it into `dest`; returns `dest`."""
+        return self._download(self.output_artifact, dest, "output data",
+                              "SageMaker uploads output.tar.gz when the job completes, with whatever the script "
+                              "wrote to SM_OUTPUT_DATA_DIR (/opt/ml/output/data); check the job's logs.")
+
+    def _download(self, uri: str | None, dest: str | os.PathLike[str], what: str, fix: str) -> Path:
         from botocore.exceptions import ClientError
 
-        if not self.model_artifact:
+        if not uri:
             raise WorkshopError(
-                f"Job {self.job_name} has no model artifact (status {self.status}).",
-                "a model exists only after the job completes; check the status and the logs.",
+                f"Job {self.job_name} has no {what} artifact (status {self.status}).",
+                "artifacts exist only after the job completes; check the status and the logs.",
             )
         dest_path = Path(dest).expanduser()
         s3 = aws.as_boto_session(self.boto_session).client("s3")
-        bucket, key = split_s3(self.model_artifact)
+        bucket, key = split_s3(uri)
         try:
             body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
-            raise WorkshopError(
-                f"No model at {self.model_artifact} ({code or exc}); the job's status is {self.status}.",
-                "SageMaker uploads model.tar.gz when the job completes, with whatever the script "
-                "wrote to SM_MODEL_DIR (/opt/ml/model); check the job's logs.",
-            ) from None
+            raise WorkshopError(f"No {what} at {uri} ({code or exc}); the job's status is {self.status}.", fix) from None
         dest_path.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as archive:
             _safe_extract(archive, dest_path)
-        print(f"Model from {self.model_artifact} -> {dest_path}", flush=True)
+        print(f"{what.capitalize()} from {uri} -> {dest_path}", flush=True)
         return dest_path
 
 
@@ -116,7 +132,7 @@ def _safe_extract(archive: tarfile.TarFile, dest: Path) -> None:
         target = (root / member.name).resolve()
         outside = root != target and root not in target.parents
         if outside or member.issym() or member.islnk():
-            raise WorkshopError(f"Unsafe path in model.tar.gz: {member.name!r}.", "inspect the archive by hand.")
+            raise WorkshopError(f"Unsafe path in the archive: {member.name!r}.", "inspect the archive by hand.")
     archive.extractall(dest)
 
 

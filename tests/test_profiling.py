@@ -177,3 +177,50 @@ def test_profile_lab_3_on_two_hosts(tmp_path, channels):
         assert s.bytes_per_step == pytest.approx(421_642 * 4)  # lab 3's CNN's fp32 gradients, 2(N-1)/N = 1
     # the profiled steps are left out of the epoch's throughput, and the run still trains as usual
     assert run.metric("weights_identical") == 1
+
+
+def test_sagemaker_only_options_are_refused_in_local_mode(capsys):
+    with pytest.raises(WorkshopError, match="mode='sagemaker' only"):
+        profile("data_parallel", hosts=2, instance_type="ml.c5.xlarge")
+    assert main(["profile", "data_parallel", "--yes"]) == 2
+    assert "--yes appl(y/ies) to --mode sagemaker" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_profile_lab_3_as_a_sagemaker_job_builds_the_report_from_its_output_tar_gz(no_aws, tmp_path, mnist_dir,
+                                                                                    capsys):
+    """On SageMaker each host's traces are in its own /opt/ml/output/data; the service uploads them
+    all in one output.tar.gz beside model.tar.gz (as the fake does), and the report is built from it."""
+    import fake_sagemaker
+
+    with fake_sagemaker.FakeSageMaker(workdir=tmp_path / "fake", start_skew_s=1.0) as fake:
+        report = profile("data_parallel", hosts=2, procs_per_host=1, steps=3, mode="sagemaker",
+                         data_dir=mnist_dir, runs_dir=tmp_path / "runs", confirm_cost=True)
+        [run] = fake.jobs
+    job = report.run
+    assert job.ok and run.output_artifact == job.output_artifact
+    assert job.output_artifact.endswith(f"/{job.job_name}/output/output.tar.gz")
+    # the archive holds both hosts' traces (algo-1 wrote rank 0's, algo-2 rank 1's)
+    out = tmp_path / "runs" / job.job_name
+    assert sorted(p.relative_to(out / "output").as_posix() for p in (out / "output").rglob("*.json")) == \
+        ["profile/trace-rank0.json", "profile/trace-rank1.json"]
+    assert sorted(p.name for p in (out / "profile" / "traces").iterdir()) == ["trace-rank0.json", "trace-rank1.json"]
+    assert (out / "profile" / "profile.png").stat().st_size > 0
+    assert [s.rank for s in report.summaries] == [0, 1]
+    for s in report.summaries:
+        assert s.steps == 3
+        assert sum(s.part(p) for p in PARTS) == pytest.approx(s.step_s, rel=1e-9)
+        assert s.bytes_per_step == pytest.approx(421_642 * 4)
+    printed = capsys.readouterr().out
+    assert f"Output data from {job.output_artifact}" in printed and "straggler: rank" in printed
+
+
+def test_a_job_without_a_model_artifact_has_no_output_to_download():
+    from workshop.jobs.submit import JobResult
+
+    done = JobResult("j", "Completed", {}, "s3://b/prefix/j/output/model.tar.gz", "url", "us-east-1")
+    assert done.output_artifact == "s3://b/prefix/j/output/output.tar.gz"
+    failed = JobResult("j", "Failed", {}, None, "url", "us-east-1")
+    assert failed.output_artifact is None
+    with pytest.raises(WorkshopError, match="no output data artifact"):
+        failed.download_output("/nonexistent")

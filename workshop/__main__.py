@@ -9,6 +9,7 @@
     python -m workshop tune LAB --param lr=0.01,0.02,0.04 [--param batch-size=32,64] [--trials N]
                                 [--parallel K] [--mode local|sagemaker] [--dry-run] [--hp KEY=VALUE ...] [--yes]
     python -m workshop profile LAB [--hosts N] [--procs-per-host P] [--steps S] [--hp KEY=VALUE ...]
+                             [--mode sagemaker [--yes] [--instance-type T] ...]
                                                                 # where each rank's step time goes
     python -m workshop network [--nat] [--show] [--cidr CIDR] [--yes]   # the workshop VPC (create/reuse)
     python -m workshop role                                     # the workshop's execution role
@@ -151,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--steps", type=count_of("steps", "--steps", 5), default=5,
                       help="profiled steps on every rank (after the script's warm-up steps)")
     for action in run._actions:  # the run command's local options
-        if action.dest in ("hosts", "procs_per_host", "hp", "data_dir", "workdir", "verbose", "mode"):
+        if action.dest in ("hosts", "procs_per_host", "hp", "data_dir", "workdir", "verbose", "mode", "instance_type",
+                           "role", "region", "create_role", "route", "yes", "allow_unsupported_image"):
             prof._add_action(action)
     net = sub.add_parser("network", help="create or reuse (or --show) your workshop VPC")
     net.add_argument("--nat", action="store_true", help="a NAT gateway instead of interface endpoints (reaches PyPI)")
@@ -382,9 +384,25 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "profile":
             from workshop.profiling import profile
 
+            sagemaker: dict[str, Any] = {}
+            if args.mode == "sagemaker":
+                sagemaker = dict(instance_type=args.instance_type, role=args.role, region=args.region,
+                                 create_role=args.create_role, route=args.route,
+                                 allow_unsupported_image=args.allow_unsupported_image,
+                                 confirm_cost=cost_confirmation(args))
+            else:
+                given = [flag for flag, value in (("--instance-type", args.instance_type), ("--role", args.role),
+                                                  ("--region", args.region), ("--create-role", args.create_role),
+                                                  ("--route", args.route), ("--yes", args.yes),
+                                                  ("--allow-unsupported-image", args.allow_unsupported_image))
+                         if value]
+                if given:
+                    raise WorkshopError(f"{', '.join(given)} appl(y/ies) to --mode sagemaker.",
+                                        "drop them, or add --mode sagemaker.")
             profile(args.lab, hosts=args.hosts, procs_per_host=args.procs_per_host, steps=args.steps,
                     hyperparameters=hps, mode=args.mode, data_dir=local_data_dir(get_labs(args.lab)[0], args),
-                    runs_dir=Path(args.workdir) / "runs" if args.workdir else None, verbose=args.verbose)
+                    runs_dir=Path(args.workdir) / "runs" if args.workdir else None, verbose=args.verbose,
+                    **sagemaker)
             return 0
         if args.lab == "all":
             return run_all(args, hps)

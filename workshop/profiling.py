@@ -1,6 +1,7 @@
 """Where the time goes: run a lab's own script under torch.profiler and report each rank's step.
 
     python -m workshop profile data_parallel --hosts 2 [--procs-per-host P] [--steps S]
+    python -m workshop profile data_parallel --hosts 2 --mode sagemaker [--yes]   # a SageMaker job
 
     from workshop.profiling import profile
     report = profile("data_parallel", hosts=2, steps=5)   # a notebook cell: the same run
@@ -22,8 +23,8 @@ from typing import Any
 
 from workshop.errors import WorkshopError
 from workshop.labs import get_lab
-from workshop.runner import run_local
-from workshop.runtime.local_cluster import ClusterResult
+from workshop.runner import run_local, run_on_sagemaker
+from workshop.runtime.local_cluster import DEFAULT_RUNS_DIR, ClusterResult
 from workshop.spec import Lab
 from workshop.trace_report import ProfileReport
 
@@ -91,32 +92,66 @@ def profile(
     runs_dir: str | Path | None = None,
     echo: bool = True,
     verbose: bool = False,
+    confirm_cost: Any = False,
+    **sagemaker_fields: Any,
 ) -> ProfileReport:
     """Run `lab` with its script's profiler on every rank for `steps` steps (after its warm-up), then
     build, print and plot the report. Returns a `workshop.trace_report.ProfileReport` (`.table()`,
-    `.plot()`, `.share("communication")`, `.png`, `.run`: the local run's `ClusterResult`).
+    `.plot()`, `.share("communication")`, `.png`, `.run`: the local run's `ClusterResult`, or the
+    SageMaker job's `JobResult`).
 
     Hyperparameters: the lab's local defaults, then its `profile_hyperparameters` (e.g. one epoch),
     then `hyperparameters`. Every check (the lab can be profiled, steps, the script's own checks of the
     hyperparameters, e.g. that the profiled steps fit in an epoch) happens before any process starts.
+
+    `mode="sagemaker"` runs the same as a SageMaker training job (`workshop.runner.run_on_sagemaker`,
+    with `confirm_cost` and any of its other fields, e.g. `instance_type`); each rank's trace lands in
+    its host's /opt/ml/output/data, SageMaker uploads every host's in one output.tar.gz, and the
+    report is built from that archive, downloaded into `runs_dir/<job>/output/`.
     """
     if isinstance(lab, str):
         lab = get_lab(lab)
     check_profilable(lab, steps)
-    if mode != "local":
-        raise WorkshopError(f"Profiling in mode {mode!r} is not built yet: only the local cluster is covered.",
-                            "profile with mode='local' (CLI: drop --mode); on SageMaker, pass the script's "
-                            f"--{lab.profile_flag} as a hyperparameter and build the report from the job's "
-                            "extracted output.tar.gz with workshop.profiling.report_from(folder).")
+    if mode not in ("local", "sagemaker"):
+        raise WorkshopError(f"Unknown mode {mode!r}.", "profile with mode='local' or mode='sagemaker'.")
+    if mode == "local" and sagemaker_fields:
+        raise WorkshopError(f"{', '.join(sorted(sagemaker_fields))} appl(y/ies) to mode='sagemaker' only.",
+                            "drop them, or profile with mode='sagemaker'.")
     hps = {**lab.profile_hyperparameters, **(hyperparameters or {}), lab.profile_flag: steps}
+    if mode == "sagemaker":
+        return _profile_on_sagemaker(lab, hosts=hosts, procs_per_host=procs_per_host, hps=hps, data_dir=data_dir,
+                                     runs_dir=runs_dir, echo=echo, confirm_cost=confirm_cost, **sagemaker_fields)
     result: ClusterResult = run_local(lab, hosts=hosts, procs_per_host=procs_per_host, hyperparameters=hps,
                                       data_dir=data_dir, runs_dir=runs_dir, echo=echo, verbose=verbose)
     layout = f"{len(result.hosts)} host(s), {result.world_size} rank(s)"
     report = report_from([h.output_data_dir for h in result.hosts], out_dir=result.workdir / "profile",
                          title=f"{lab.label}, {layout}")
     report.run = result
+    _say(report, result.workdir / "profile", echo)
+    return report
+
+
+def _profile_on_sagemaker(lab: Lab, *, hosts: int | None, procs_per_host: int | None, hps: dict[str, Any],
+                          data_dir: str | Path | None, runs_dir: str | Path | None, echo: bool,
+                          confirm_cost: Any, **fields: Any) -> ProfileReport:
+    defaults = lab.sagemaker_route(fields.get("route"))
+    hosts = hosts or defaults.instance_count
+    procs_per_host = procs_per_host or defaults.procs_per_host
+    job = run_on_sagemaker(lab, hosts=hosts, procs_per_host=procs_per_host, hyperparameters=hps,
+                           data_dir=data_dir, confirm_cost=confirm_cost, **fields)
+    if not job.ok:
+        raise WorkshopError(f"The profiled job {job.job_name} ended {job.status}: {job.failure_reason or '(no reason)'}",
+                            f"read its logs ({job.console_url}); fix what they say and profile again.")
+    folder = Path(runs_dir) if runs_dir else DEFAULT_RUNS_DIR
+    output = job.download_output(folder / job.job_name / "output")
+    report = report_from(output, out_dir=folder / job.job_name / "profile",
+                         title=f"{lab.label}, SageMaker job: {hosts} host(s) x {procs_per_host} process(es)")
+    report.run = job
+    _say(report, folder / job.job_name / "profile", echo)
+    return report
+
+
+def _say(report: ProfileReport, out: Path, echo: bool) -> None:
     if echo:
         print(report.table(), flush=True)
-        print(f"Traces (open in https://ui.perfetto.dev): {result.workdir / 'profile' / 'traces'}; "
-              f"plot: {report.png}", flush=True)
-    return report
+        print(f"Traces (open in https://ui.perfetto.dev): {out / 'traces'}; plot: {report.png}", flush=True)

@@ -33,7 +33,9 @@ $(STAMP): requirements.txt pyproject.toml scripts/build_horovod.sh workshop/driv
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
 	$(BIN)/python -m pip install --quiet -r requirements.txt
-	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	@# PYTHONWARNINGS: setuptools' editable-install warning is about a folder named like the package, which
+	@# is how this checkout is laid out on purpose (11 lines of set-up noise otherwise)
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	VENV=$(VENV) HOROVOD_SKIP_VERIFY=1 bash scripts/build_horovod.sh
 	@touch $(STAMP)
 	@echo "Set up: $(VENV) ($$($(BIN)/python --version))"

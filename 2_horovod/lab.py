@@ -23,6 +23,10 @@ LABS = [
         local_hosts=2,
         local_procs_per_host=1,
         local_hyperparameters={"epochs": 3, "log-interval": 5},
+        # `python -m workshop profile horovod_pytorch`: torch.profiler for --profile-steps steps of one epoch,
+        # and Horovod's timeline of them (the TensorFlow script has no --profile-steps)
+        profile_flag="profile-steps",
+        profile_hyperparameters={"epochs": 1},
         sagemaker=SageMakerDefaults(**PYTORCH_IMAGE, instance_type="ml.c5.2xlarge", instance_count=2, procs_per_host=1),
         aliases=("2_horovod_pytorch", "hvd-pytorch", "horovod-pytorch"),
         group_aliases=GROUP,

@@ -43,7 +43,6 @@ SHARED: dict[str, tuple[str, ...]] = {
     "load_channel": (HVD_PT, L3),
     "weights_digest": (HVD_PT, L3),
     "save_atomic": (HVD_PT, L3),
-    "check_args": (HVD_PT, HVD_TF),  # lab 2's two scripts take the same flags
     "distributed_env": (L3, L4),  # torchrun's variables, a world of one without them
     "set_gloo_interface": (L3, L4),
     # Fault tolerance under torchrun --max-restarts: fault injection, atomic writes, the recovery report.
@@ -62,9 +61,9 @@ SHARED: dict[str, tuple[str, ...]] = {
     "read_recovery": (L3, L4),
     "announce_resume": (L3, L4),
     "report_recovery": (L3, L4),
-    # --profile-steps: torch.profiler traces per rank (workshop.profiling); lab 2's PyTorch script to follow.
-    "PROFILE_WAIT": (L3, L4),
-    "StepProfiler": (L3, L4),
+    # --profile-steps: torch.profiler traces per rank (workshop.profiling).
+    "PROFILE_WAIT": (HVD_PT, L3, L4),
+    "StepProfiler": (HVD_PT, L3, L4),
     # The drivers (stdlib only, each runs alone on a training host).
     "DEFAULT_FAILURE_FILE": (HVD_DRIVER, PS_DRIVER),
     "is_loopback": (HVD_DRIVER, PS_DRIVER),

@@ -224,3 +224,121 @@ def test_a_job_without_a_model_artifact_has_no_output_to_download():
     assert failed.output_artifact is None
     with pytest.raises(WorkshopError, match="no output data artifact"):
         failed.download_output("/nonexistent")
+
+
+# ----------------------------------------------------------------------------- lab 2 (Horovod, PyTorch)
+
+HVD_GRADIENTS = [[128, 3136], [10]]  # two gradients' shapes: 401,418 + 10 elements
+
+
+def synthetic_horovod_trace(rank: int, world: int, waits_us: list[float]) -> dict:
+    """One rank's trace as torch.profiler writes it for a Horovod (PyTorch) step: the DataLoader's
+    __next__ (300 us), forward (5000), backward (Horovod's hooks enqueue each gradient's all-reduce,
+    unrecorded), then the DistributedOptimizer's `Optimizer.step#SGD.step` around the wrapped SGD's own
+    (400): before it, the wrapper waits (waits_us[i], unrecorded) and puts each averaged gradient back
+    (`aten::set_`, 10 us each, 20 us apart), 5 us before the inner step. Horovod's background thread,
+    where the all-reduce runs, is not in the trace."""
+    pid = tid = 200 + rank
+    events, t = [], 2_000_000.0 + rank * 11
+
+    def x(name, ts, dur, args=None, cat="cpu_op"):
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur,
+                       "args": args or {}})
+
+    for i, wait in enumerate(waits_us):
+        start = t
+        x("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t, 300, cat="user_annotation")
+        t += 310
+        x("aten::conv2d", t, 5000)
+        t += 5010
+        for _ in HVD_GRADIENTS:
+            x("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", t, 150)
+            t += 160
+        outer = t
+        t += wait
+        for shape in HVD_GRADIENTS:
+            x("aten::set_", t, 10, args={"Input Dims": [shape, shape]})
+            t += 30
+        t += 5 - 20  # the inner step starts 5 us after the last set_ ends
+        x("Optimizer.step#SGD.step", t, 400, cat="user_annotation")  # the wrapped SGD's step: the update
+        t += 405
+        x("Optimizer.step#SGD.step", outer, t - outer, cat="user_annotation")  # Horovod's wrapper around it
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{4 + i}", "pid": pid, "tid": tid,
+                       "ts": start, "dur": t - start, "args": {}})
+        t += 1
+    return {"distributedInfo": {"backend": "horovod/gloo", "rank": rank, "world_size": world},
+            "traceEvents": events}
+
+
+def test_a_horovod_step_waits_in_its_optimizer_and_moves_the_gradients_it_puts_back():
+    steps = analyze(synthetic_horovod_trace(0, 2, [2000.0])).steps
+    s = steps[4]
+    assert s.total == pytest.approx((310 + 5010 + 2 * 160 + 2000 + 45 + 405) * 1e-6)
+    assert s.data == pytest.approx(300e-6)
+    assert s.comm_ops == pytest.approx(20e-6)  # the two aten::set_ (the averaged gradients put back)
+    assert s.wait == pytest.approx((2000 + 20 + 5) * 1e-6)  # the wrapper's step before the inner one, less them
+    assert s.compute == pytest.approx(s.total - 300e-6 - 20e-6 - 2025e-6)
+    assert s.elements == 128 * 3136 + 10
+    assert s.ring_bytes == pytest.approx((128 * 3136 + 10) * 4 * 2 * (2 - 1) / 2)  # ring all-reduce: 2(N-1)/N x K
+    four = analyze(synthetic_horovod_trace(0, 4, [2000.0])).steps[4]
+    assert four.ring_bytes == pytest.approx((128 * 3136 + 10) * 4 * 2 * (4 - 1) / 4)
+
+    # rank 1 is slow: rank 0 waits 3 ms for it in every step, rank 1 0.2 ms (the all-reduce's tail)
+    report = ProfileReport.from_traces({0: synthetic_horovod_trace(0, 2, [3000, 3000]),
+                                        1: synthetic_horovod_trace(1, 2, [200, 200])})
+    for r in report.summaries:
+        assert sum(r.part(p) for p in PARTS) == pytest.approx(r.step_s, rel=1e-9)
+        assert r.communication_s == pytest.approx((20 + 200 + 25) * 1e-6)  # set_ + the wait every rank had
+        assert r.data_s == pytest.approx(300e-6)
+        assert r.bytes_per_step == pytest.approx((128 * 3136 + 10) * 4)
+    r0, r1 = report.summaries
+    assert r0.idle_s == pytest.approx(2800e-6) and r1.idle_s == pytest.approx(0.0, abs=1e-12)
+    assert report.straggler == 1
+    assert "2 ranks (horovod/gloo)" in report.table()
+
+
+def test_horovod_pytorch_profiled_steps_must_fit_in_an_epoch():
+    lab = get_lab("horovod_pytorch")
+    hps = {**lab.local_hyperparameters, **lab.profile_hyperparameters, lab.profile_flag: 20}
+    # 4,000 samples over 4 ranks in batches of 64: 15 steps an epoch, 4 of them warm-up
+    with pytest.raises(WorkshopError, match="does not fit in the first epoch") as err:
+        lab.validate_hyperparameters(hps, world_size=4, train_samples=4000)
+    assert "--profile-steps to 11 or less" in str(err.value)
+    lab.validate_hyperparameters({**hps, lab.profile_flag: 11}, world_size=4, train_samples=4000)
+    with pytest.raises(WorkshopError, match="--profile-steps must be 0"):
+        lab.validate_hyperparameters({**hps, lab.profile_flag: -1}, world_size=4, train_samples=4000)
+
+
+@pytest.mark.slow
+def test_profile_lab_2_pytorch_on_two_hosts(tmp_path, channels):
+    import math
+
+    report = profile("horovod_pytorch", hosts=2, steps=3, data_dir=channels["train"].parent,
+                     runs_dir=tmp_path / "runs", echo=False)
+    run = report.run
+    assert run.ok and run.world_size == 2
+    out = run.workdir / "profile"
+    assert sorted(p.name for p in (out / "traces").iterdir()) == \
+        ["horovod-timeline.json", "trace-rank0.json", "trace-rank1.json"]
+    # each host wrote its rank's trace; rank 0 (on algo-1) also wrote Horovod's timeline of the profiled steps
+    assert [sorted(p.name for p in (h.output_data_dir / "profile").iterdir()) for h in run.hosts] == \
+        [["horovod-timeline.json", "trace-rank0.json"], ["trace-rank1.json"]]
+    assert (out / "profile.png").stat().st_size > 0
+    assert "2 ranks (horovod/gloo)" in (out / "profile.md").read_text()
+    gradients = 421_642  # the CNN's parameters (lab 3's), all-reduced once a step
+    assert [s.rank for s in report.summaries] == [0, 1]
+    for s in report.summaries:
+        assert s.steps == 3
+        assert sum(s.part(p) for p in PARTS) == pytest.approx(s.step_s, rel=1e-9)
+        assert s.communication_s > 0 and s.data_s > 0 and s.compute_s > 0
+        assert s.bytes_per_step == pytest.approx(gradients * 4 * 2 * (2 - 1) / 2)  # fp32, ring all-reduce
+    # Horovod's own record agrees: every gradient all-reduced in each profiled step, with these shapes
+    timeline = json.loads((run.hosts[0].output_data_dir / "profile" / "horovod-timeline.json").read_text())
+    names = {e["pid"]: e["args"]["name"] for e in timeline if e.get("name") == "process_name" and "name" in e["args"]}
+    shapes = {e["pid"]: json.loads(e["args"]["shape"]) for e in timeline
+              if e.get("ph") == "E" and "shape" in e.get("args", {})}
+    assert sorted(names[pid] for pid in shapes) == sorted(f"allreduce.{n}.{w}" for n in ("conv1", "conv2", "fc1", "fc2")
+                                                           for w in ("weight", "bias"))
+    assert sum(math.prod(shape) for shape in shapes.values()) == gradients
+    assert sum(e.get("name") == "ALLREDUCE" for e in timeline) >= 3 * len(shapes)
+    assert run.metric("weights_identical") == 1

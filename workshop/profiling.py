@@ -29,6 +29,7 @@ from workshop.spec import Lab
 from workshop.trace_report import ProfileReport
 
 TRACE_GLOB = "trace-rank*.json"
+TIMELINE = "horovod-timeline.json"  # lab 2's PyTorch script: Horovod's own timeline, rank 0's
 
 
 def check_profilable(lab: Lab, steps: Any) -> None:
@@ -75,6 +76,9 @@ def report_from(folders: list[str | Path] | str | Path, out_dir: str | Path | No
         for rt in report.ranks.values():
             if rt.path is not None and rt.path.parent != out / "traces":
                 shutil.copy2(rt.path, out / "traces" / rt.path.name)
+        for timeline in sorted({p for folder in folders for p in folder.rglob(TIMELINE)}):  # Horovod's (lab 2)
+            if timeline.parent != out / "traces":
+                shutil.copy2(timeline, out / "traces" / timeline.name)
         (out / "profile.md").write_text(report.table() + "\n")
         report.plot(out / "profile.png")
     return report

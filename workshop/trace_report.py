@@ -14,14 +14,22 @@ thread), and splits every rank's steps into four parts that add up to the step e
   the bucket, then `...reducer::copy_bucket_to_grad`). A gap followed within RESUME_US by such a
   collective op (not a launch) is therefore counted as a wait. (gloo's own `gloo:all_reduce` spans on
   its threads are not used: their ends run past the point where the training thread has the result.)
+  Horovod (PyTorch) all-reduces on its own background thread, which torch.profiler does not record, and
+  its backward hooks enqueue each gradient unrecorded; the training thread waits for the results in its
+  DistributedOptimizer's step(), a subclass of the optimizer it wraps (same name), so the trace has an
+  `Optimizer.step#SGD.step` span around another: before the inner one (the update itself) the wrapper
+  waits (no op recorded) and puts each averaged gradient back (`aten::set_`, one per gradient, with its
+  shape). Those ops are communication, the time between them a wait (split across ranks as below).
+  (A trace is Horovod's when its `distributedInfo` backend starts with "horovod", as lab 2's are.)
 - **idle**: waiting for the slowest rank: a rank's wait beyond the least any rank waited in that step.
   The rank that waited least is that step's straggler (everyone else waited for it). This needs no
   common clock across hosts: each rank's waits are durations on its own clock.
 - **compute**: the rest (forward, backward, optimizer, and the Python between them).
 
 Bytes per step: the elements of each collective's input tensors (`Input Dims`, recorded when the
-profiler has `record_shapes=True`), 4 bytes each (fp32 gradients), times the ring algorithm's
-factor: 2(N-1)/N for an all-reduce, (N-1)/N for an all-gather or reduce-scatter, 1 for a broadcast.
+profiler has `record_shapes=True`; for Horovod the shapes of the gradients its step puts back), 4 bytes
+each (fp32 gradients), times the ring algorithm's factor: 2(N-1)/N for an all-reduce (Horovod's too),
+(N-1)/N for an all-gather or reduce-scatter, 1 for a broadcast.
 
     report = ProfileReport.from_files(["trace-rank0.json", "trace-rank1.json"])
     print(report.table()); report.plot("profile.png")
@@ -52,6 +60,8 @@ BYTES_PER_ELEMENT = 4  # fp32
 # A gap on the training thread is a wait for a collective when a collective op starts at most this many
 # microseconds after it ends (DDP resumes with a view of the bucket, `aten::as_strided`, then copies it).
 RESUME_US = 50.0
+OPTIMIZER_STEP = "Optimizer.step#"  # torch.profiler's span of an optimizer's step(): `Optimizer.step#SGD.step`
+HOROVOD_RESULT = "aten::set_"  # Horovod's DistributedOptimizer puts each averaged gradient back with it
 
 
 def is_communication(name: str) -> bool:
@@ -166,6 +176,20 @@ def _ring_factor(name: str, world_size: int) -> float:
     return 0.0
 
 
+def _horovod_waits(ops: list[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """Where Horovod's DistributedOptimizer.step() waits for the all-reduces: from the start of an
+    optimizer step's span to the start of the inner one it wraps (the wrapped optimizer's step)."""
+    steps = [e for e in ops if str(e["name"]).startswith(OPTIMIZER_STEP)]
+    regions = []
+    for outer in steps:
+        a, b = float(outer["ts"]), float(outer["ts"]) + float(outer["dur"])
+        inner = [float(e["ts"]) for e in steps if e is not outer and a <= float(e["ts"])
+                 and float(e["ts"]) + float(e["dur"]) <= b]
+        if inner:
+            regions.append((a, min(inner)))
+    return _union(regions)
+
+
 def load_trace(path: str | Path) -> dict[str, Any]:
     """A Chrome trace file (a dict with `traceEvents`), or a WorkshopError saying what to do."""
     path = Path(path)
@@ -190,6 +214,7 @@ def analyze(trace: Mapping[str, Any], rank: int | None = None, path: Path | None
     info = trace.get("distributedInfo") or {}
     rank = int(info.get("rank", 0)) if rank is None else rank
     world_size = int(info.get("world_size", 1))
+    horovod = str(info.get("backend", "")).startswith("horovod")  # as lab 2's script labels its traces
     where = f" ({path})" if path else ""
     spans = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e and "ts" in e]
     step_events = [e for e in spans if str(e.get("name", "")).startswith(STEP_PREFIX)]
@@ -210,6 +235,15 @@ def analyze(trace: Mapping[str, Any], rank: int | None = None, path: Path | None
         data = _spans((e for e in inside if is_data(e["name"])), t1)
         comm_events = [e for e in inside if is_communication(e["name"])]
         comm = _minus(_spans(comm_events, t1), data)
+        # Horovod: in its optimizer's wait, the ops (the averaged gradients put back) are communication,
+        # the rest of it a wait; ops that enclose the wait (the wrapper's own span) do not count.
+        hvd_waits = _horovod_waits(inside) if horovod else []
+        hvd_ops = [e for e in inside if any(a <= float(e["ts"]) < b for a, b in hvd_waits)
+                   and not str(e["name"]).startswith(OPTIMIZER_STEP)]
+        hvd_spans = _spans(hvd_ops, t1)
+        hvd_busy = [(x, min(y, b)) for a, b in hvd_waits for x, y in hvd_spans if a <= x < b]
+        comm = _union(comm + _minus(_minus(hvd_busy, data), comm))
+        hvd_wait = _length(_minus(hvd_waits, _union(hvd_busy + comm + data)))  # each instant in one part
         # what resumes the training thread after a wait: a collective op other than a launch (c10d::allreduce_)
         comm_starts = sorted(float(e["ts"]) for e in comm_events if is_resume(e["name"]))
         # Gaps on the training thread that end where a collective op starts: waits for a collective.
@@ -220,14 +254,15 @@ def analyze(trace: Mapping[str, Any], rank: int | None = None, path: Path | None
                 wait += b - a
         elements = 0
         ring = 0.0
-        for e in comm_events:
-            if str(e["name"]).startswith("c10d::"):
-                n = _elements(e)
-                elements += n
-                ring += n * BYTES_PER_ELEMENT * _ring_factor(e["name"], world_size)
+        moved = [(e, e["name"]) for e in comm_events if str(e["name"]).startswith("c10d::")]
+        moved += [(e, "allreduce") for e in hvd_ops if e["name"] == HOROVOD_RESULT]  # one per gradient
+        for e, collective in moved:
+            n = _elements(e)
+            elements += n
+            ring += n * BYTES_PER_ELEMENT * _ring_factor(collective, world_size)
         us = 1e-6
-        steps[number] = StepTimes(number, (t1 - t0) * us, _length(data) * us, _length(comm) * us, wait * us,
-                                  elements, ring)
+        steps[number] = StepTimes(number, (t1 - t0) * us, _length(data) * us, _length(comm) * us,
+                                  (wait + hvd_wait) * us, elements, ring)
     return RankTrace(rank, world_size, str(info.get("backend", "")), steps, path)
 
 

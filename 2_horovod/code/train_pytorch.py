@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=int, default=0,
         help="CPU threads per rank (0: this host's CPUs divided by its ranks)",
     )
+    g.add_argument(
+        "--profile-steps", type=int, default=0,
+        help="torch.profiler on every rank for this many training steps of the first epoch, after "
+             f"{PROFILE_WAIT} + {PROFILE_WARMUP} steps of warm-up; one Chrome/Perfetto trace per rank, and "
+             "Horovod's own timeline of those steps (rank 0 writes it), in --output-dir/profile/ (0: off)",
+    )
     d = p.add_argument_group("SageMaker contract (defaults from SM_* variables)")
     d.add_argument("--train", default=env("SM_CHANNEL_TRAIN", "data/mnist/train"), help="train channel")
     d.add_argument("--test", default=env("SM_CHANNEL_TEST", "data/mnist/test"), help="test channel")
@@ -106,15 +112,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-dir", default=env("SM_CHECKPOINT_DIR", "artifacts/checkpoints"),
         help="rank 0 checkpoints each epoch here; every rank resumes from it when it holds one",
     )
+    d.add_argument(
+        "--output-dir", default=env("SM_OUTPUT_DATA_DIR", "artifacts/output"),
+        help="other output (the --profile-steps traces); SageMaker uploads it with the job's output.tar.gz",
+    )
     return p
 
 
-# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int | None = None) -> None:
     """Checks the workshop also runs before it starts any process or job (raises ValueError).
 
     The message names each broken rule, then after "Fix:" what to do about each, so the
-    workshop (and a reader of the job's log) can tell the user what to change.
+    workshop (and a reader of the job's log) can tell the user what to change. (The same rules as
+    train_tensorflow.py's, plus --profile-steps, which only this script has.)
     """
     problems, fixes = [], []
     default = build_parser().get_default
@@ -129,6 +139,19 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
     if args.max_steps < 0 or args.threads < 0:
         problems.append("--max-steps and --threads must be 0 or more")
         fixes.append("set --max-steps and --threads to 0 (their defaults: whole epochs, an automatic thread count) or more")
+    if args.profile_steps < 0:
+        problems.append(f"--profile-steps must be 0 (off) or more, got {args.profile_steps}")
+        fixes.append("set --profile-steps to 0 (no profiling) or a few steps, e.g. 5")
+    elif args.profile_steps and train_samples is not None and world_size >= 1:
+        # the first epoch's steps: each rank's DistributedSampler shard (padded) in whole batches, at most --max-steps
+        per_epoch = -(-train_samples // world_size) // args.batch_size
+        per_epoch = min(per_epoch, args.max_steps) if args.max_steps else per_epoch
+        if PROFILE_WAIT + PROFILE_WARMUP + args.profile_steps > per_epoch:
+            problems.append(f"--profile-steps {args.profile_steps} after {PROFILE_WAIT + PROFILE_WARMUP} warm-up steps "
+                            f"does not fit in the first epoch's {per_epoch} steps")
+            fixes.append(f"set --profile-steps to {max(1, per_epoch - PROFILE_WAIT - PROFILE_WARMUP)} or less, or "
+                         "--batch-size lower, or run fewer processes" if per_epoch > PROFILE_WAIT + PROFILE_WARMUP
+                         else "set --batch-size lower (or --max-steps higher), or run fewer processes")
     if world_size < 1:
         problems.append(f"the number of ranks must be at least 1, got {world_size}")
         fixes.append("run at least one process")
@@ -142,6 +165,90 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
                      if per_rank else "run fewer processes than there are training samples")
     if problems:
         raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
+
+
+# ----------------------------------------------------------------------------- profiling
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+PROFILE_WAIT, PROFILE_WARMUP = 2, 2
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+class StepProfiler:
+    """--profile-steps S: torch.profiler on this rank for S training steps, after PROFILE_WAIT steps
+    unrecorded and PROFILE_WARMUP recorded but dropped (torch.profiler.schedule), written as one
+    Chrome/Perfetto trace, `<output_dir>/profile/trace-rank<R>.json` (SM_OUTPUT_DATA_DIR: SageMaker
+    uploads it with the job's output). Each step is one `ProfilerStep#N` span in the trace. Off
+    (S = 0): every call does nothing. `seconds` and `samples`: the time and samples of the steps it
+    was on (profiling slows them), which the epoch's throughput leaves out."""
+
+    def __init__(self, steps: int, output_dir: str, rank: int):
+        self.steps, self.rank, self.prof, self.taken = steps, rank, None, 0
+        self.path = Path(output_dir) / "profile" / f"trace-rank{rank}.json"
+        self.seconds, self.samples, self.epoch, self.t0 = 0.0, 0, None, 0.0
+
+    def start(self, epoch: int) -> None:
+        if not self.steps or self.epoch is not None:
+            return
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self.prof = profile(
+            activities=activities,
+            schedule=schedule(wait=PROFILE_WAIT, warmup=PROFILE_WARMUP, active=self.steps, repeat=1),
+            record_shapes=True,  # the collectives' tensor sizes: the bytes each step moves
+            on_trace_ready=lambda prof: prof.export_chrome_trace(str(self.path)),
+        )
+        self.epoch, self.t0 = epoch, time.perf_counter()
+        self.prof.start()
+
+    def step(self, samples: int) -> None:
+        """After each training step (the optimizer's): the end of one ProfilerStep."""
+        if self.prof is None:
+            return
+        self.samples += samples
+        self.taken += 1
+        self.prof.step()
+        if self.taken >= PROFILE_WAIT + PROFILE_WARMUP + self.steps:  # the trace is written: stop
+            self.stop()
+
+    def stop(self) -> None:
+        if self.prof is None:
+            return
+        self.prof.stop()
+        self.prof, self.seconds = None, time.perf_counter() - self.t0
+        if self.rank == 0:
+            print(f"Profiled {max(0, self.taken - PROFILE_WAIT - PROFILE_WARMUP)} steps on every rank; "
+                  f"traces in {self.path.parent}.", flush=True)
+
+
+class HorovodProfile:
+    """--profile-steps S, Horovod's part: while StepProfiler records its S steps, Horovod's own timeline
+    of them, `<output_dir>/profile/horovod-timeline.json` (rank 0 writes it; open it in
+    https://ui.perfetto.dev), and this rank and the world's size in the torch trace (as
+    torch.distributed's runs have them), which the report needs. Horovod all-reduces on its own
+    background thread, which torch.profiler does not record; the timeline shows each gradient's
+    NEGOTIATE_ALLREDUCE and ALLREDUCE there. (hvd.start_timeline needs HOROVOD_TIMELINE=DYNAMIC
+    before hvd.init(): main sets it when profiling.)"""
+
+    def __init__(self, hvd, profiler: StepProfiler):
+        self.hvd, self.profiler, self.on = hvd, profiler, False
+        self.path = profiler.path.with_name("horovod-timeline.json")
+
+    def follow(self) -> None:
+        """After each profiler.step() (and its stop()): start with its recorded steps, stop with it."""
+        recording = self.profiler.prof is not None and self.profiler.taken >= PROFILE_WAIT + PROFILE_WARMUP
+        if recording and not self.on:
+            hvd = self.hvd
+            controller = "gloo" if hvd.gloo_enabled() else "mpi"
+            self.profiler.prof.add_metadata_json("distributedInfo", json.dumps(
+                {"backend": f"horovod/{controller}", "rank": hvd.rank(), "world_size": hvd.size()}))
+            hvd.start_timeline(str(self.path))  # Horovod: every rank calls it; rank 0 writes the file
+            self.on = True
+        elif self.on and self.profiler.prof is None:
+            self.hvd.stop_timeline()
+            self.on = False
 
 
 # ----------------------------------------------------------------------------- model, data
@@ -244,6 +351,8 @@ def main(argv=None) -> int:
     test_set = load_channel(args.test, "test")
 
     hvd = import_horovod()
+    if args.profile_steps:  # Horovod: hvd.start_timeline works later only when this is set before hvd.init()
+        os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
     hvd.init()  # Horovod: join the job; rank, size and local rank come from the launcher's HOROVOD_* variables
     rank, size, local_rank, local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
     check_args(args, size, train_samples=len(train_set))
@@ -322,18 +431,23 @@ def main(argv=None) -> int:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
     step = (start_epoch - 1) * len(loader)
+    profiler = StepProfiler(args.profile_steps, args.output_dir, rank)  # --profile-steps (0: off)
+    horovod_profile = HorovodProfile(hvd, profiler)  # Horovod's timeline of the profiled steps
     test_loss = test_acc = float("nan")
     for epoch in range(start_epoch, args.epochs + 1):
         sampler.set_epoch(epoch)  # Horovod: a new shuffle each epoch, the same on every rank
         model.train()
         t0 = time.perf_counter()
         seen = 0
+        profiler.start(epoch)
         for i, (x, y) in enumerate(loader, 1):
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad()  # (Horovod 0.28.1's wrapper takes no set_to_none)
             loss = F.cross_entropy(model(x), y)
             loss.backward()  # Horovod: each gradient's all-reduce starts as soon as it is ready
             optimizer.step()  # Horovod: waits for the averaged gradients, then updates
+            profiler.step(len(y))  # --profile-steps: one ProfilerStep ends here
+            horovod_profile.follow()
             step += 1
             seen += len(y)
             if i % args.log_interval == 0:
@@ -341,6 +455,10 @@ def main(argv=None) -> int:
             if args.max_steps and i >= args.max_steps:
                 break
         epoch_time = time.perf_counter() - t0
+        profiler.stop()  # an epoch shorter than the profiled window: its trace holds what it had
+        horovod_profile.follow()
+        if profiler.epoch == epoch and seen > profiler.samples:  # the profiled (slower) steps are left out
+            epoch_time, seen = epoch_time - profiler.seconds, seen - profiler.samples
         test_loss, test_acc = evaluate(hvd, model, test_set, device)
         if rank == 0:  # Horovod: only rank 0 writes, so ranks never race on the same files
             metrics(

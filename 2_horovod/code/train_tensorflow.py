@@ -104,7 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int | None = None) -> None:
     """Checks the workshop also runs before it starts any process or job (raises ValueError).
 

@@ -91,6 +91,45 @@ def test_the_parts_add_up_to_the_step_time_and_the_straggler_is_the_rank_that_wa
     assert "straggler: rank 1" in table and "MB sent/step" in table
 
 
+def with_cpu(trace: dict, cpu_ms: list[float], cpus: list[int], machine: str) -> dict:
+    """`trace` with the `workshop` entry the labs' StepProfiler writes: CPU seconds per ProfilerStep."""
+    return {**trace, "workshop": {"step_cpu_s": {str(4 + i): ms / 1e3 for i, ms in enumerate(cpu_ms)},
+                                  "cpus": cpus, "machine": machine}}
+
+
+def test_the_machine_view_counts_the_core_time_the_ranks_did_not_use():
+    """Four ranks on one 2-core machine: each rank waits ~3 ms a step, but the machine had 2 x step of
+    core time and the threads used most of it: the throughput lost is 1 - CPU used / core time."""
+    waits = [3000.0, 3000.0]
+    # the local cluster's way: each host's ranks on a share of the CPUs (ranks 0, 1 on CPU 0; 2, 3 on CPU 1)
+    traces = {r: with_cpu(synthetic_trace(r, 4, waits), [4.0, 4.0], cpus=[r // 2], machine="m1") for r in range(4)}
+    report = ProfileReport.from_traces(traces)
+    [view] = report.machines()
+    assert view.ranks == [0, 1, 2, 3] and view.cores == 2
+    step = report.summaries[0].step_s
+    assert view.cpu_s == pytest.approx(4 * 4e-3) and view.capacity_s == pytest.approx(2 * step)
+    assert report.lost_share() == pytest.approx(1 - 16e-3 / (2 * step))
+    # the per-rank view counts every second of the wait: more than the machine lost
+    assert report.share("communication") + report.share("idle") > report.lost_share()
+    assert "4 rank(s) on 2 core(s)" in report.table() and "below the per-rank" in report.table()
+
+
+def test_the_machine_view_groups_ranks_by_machine_and_needs_every_ranks_cpu_time():
+    traces = {0: with_cpu(synthetic_trace(0, 2, [1000.0]), [5.0], cpus=list(range(8)), machine="a"),
+              1: with_cpu(synthetic_trace(1, 2, [1000.0]), [3.0], cpus=list(range(8)), machine="b")}
+    report = ProfileReport.from_traces(traces)
+    views = report.machines()
+    assert [(v.machine, v.ranks) for v in views] == [("a", [0]), ("b", [1])]
+    # one rank per machine: its capacity is its own step (it cannot use the other 7 cores)
+    assert views[0].capacity_s == pytest.approx(report.summaries[0].step_s)
+    expected = 1 - 8e-3 / sum(s.step_s for s in report.summaries)
+    assert report.lost_share() == pytest.approx(expected)
+    assert "machine 2" in report.table()
+    # a trace without the entry (another tool's): no machine view, the per-rank report stands
+    bare = ProfileReport.from_traces({0: traces[0], 1: synthetic_trace(1, 2, [1000.0])})
+    assert bare.machines() == [] and bare.lost_share() is None and "machine view" not in bare.table()
+
+
 def test_the_report_writes_its_table_plot_and_traces(tmp_path):
     write_traces(tmp_path / "algo-1", [synthetic_trace(0, 2, [100, 900])])
     write_traces(tmp_path / "algo-2", [synthetic_trace(1, 2, [700, 100])])
@@ -175,6 +214,9 @@ def test_profile_lab_3_on_two_hosts(tmp_path, channels):
         assert sum(s.part(p) for p in PARTS) == pytest.approx(s.step_s, rel=1e-9)
         assert s.communication_s > 0 and s.data_s > 0 and s.compute_s > 0
         assert s.bytes_per_step == pytest.approx(421_642 * 4)  # lab 3's CNN's fp32 gradients, 2(N-1)/N = 1
+        assert 0 < s.cpu_s < s.step_s  # the training thread's CPU time: it waited some of the step
+    [view] = report.machines()  # the local cluster's two hosts share this machine's cores
+    assert view.ranks == [0, 1] and view.cores >= 1 and 0 <= report.lost_share() < 1
     # the profiled steps are left out of the epoch's throughput, and the run still trains as usual
     assert run.metric("weights_identical") == 1
 

@@ -26,6 +26,13 @@ thread), and splits every rank's steps into four parts that add up to the step e
   common clock across hosts: each rank's waits are durations on its own clock.
 - **compute**: the rest (forward, backward, optimizer, and the Python between them).
 
+Machine view (`ProfileReport.machines()`, `.lost_share()`): the labs' traces also say each step's CPU
+time of the training thread, the CPUs the rank could use and its machine. Per machine, 1 - (CPU its
+ranks' threads used) / (core time it had: min(ranks, cores) x step) is the throughput communication
+cost, which is what the side-by-side benchmark measures. With no more ranks than cores it matches the
+per-rank communication + idle; with more ranks than cores, a rank's wait is partly another rank's
+compute on the same core, and only the machine view says what the waiting cost.
+
 Bytes per step: the elements of each collective's input tensors (`Input Dims`, recorded when the
 profiler has `record_shapes=True`; for Horovod the shapes of the gradients its step puts back), 4 bytes
 each (fp32 gradients), times the ring algorithm's factor: 2(N-1)/N for an all-reduce (Horovod's too),
@@ -104,6 +111,11 @@ class RankTrace:
     backend: str
     steps: dict[int, StepTimes]
     path: Path | None = None
+    # From the trace's `workshop` entry (the labs' StepProfiler), when it has one: the training thread's
+    # CPU seconds per step, the cores the rank could use, and its machine (ranks that share one share cores).
+    cpu_s: dict[int, float] = field(default_factory=dict)
+    cpus: tuple[int, ...] = ()  # the CPUs the rank could use (its affinity)
+    machine: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +131,7 @@ class RankSummary:
     idle_s: float
     bytes_per_step: float
     straggler_steps: int  # steps in which this rank waited least (everyone waited for it)
+    cpu_s: float | None = None  # the training thread's CPU seconds per step, when the trace says
 
     def part(self, name: str) -> float:
         return getattr(self, f"{name}_s")
@@ -263,7 +276,35 @@ def analyze(trace: Mapping[str, Any], rank: int | None = None, path: Path | None
         us = 1e-6
         steps[number] = StepTimes(number, (t1 - t0) * us, _length(data) * us, _length(comm) * us,
                                   (wait + hvd_wait) * us, elements, ring)
-    return RankTrace(rank, world_size, str(info.get("backend", "")), steps, path)
+    extra = trace.get("workshop") or {}
+    cpu = {int(k): float(v) for k, v in (extra.get("step_cpu_s") or {}).items()}
+    return RankTrace(rank, world_size, str(info.get("backend", "")), steps, path, cpu,
+                     tuple(int(c) for c in extra.get("cpus") or ()), extra.get("machine"))
+
+
+@dataclass(frozen=True)
+class MachineView:
+    """One machine's ranks together: the CPU time their training threads used per step against the
+    core time the machine had (its cores, or its ranks if fewer, times the step). What was not used is
+    what communication cost this machine's throughput: time on the wire, waiting for other ranks, and,
+    with more ranks than cores, only the part of a rank's wait that no other rank could fill. This is
+    what a throughput benchmark calls communication (step time less that of the same processes
+    computing with no communication); the per-rank parts count every second a rank waited. Other
+    processes on the machine take core time too, which this view cannot tell from communication."""
+
+    machine: str
+    ranks: list[int]
+    cores: int  # the CPUs its ranks could use, together
+    step_s: float  # the ranks' mean step
+    cpu_s: float  # the ranks' training threads' CPU seconds per step, summed
+
+    @property
+    def capacity_s(self) -> float:
+        return min(len(self.ranks), self.cores) * self.step_s
+
+    @property
+    def lost_share(self) -> float:
+        return max(0.0, 1.0 - self.cpu_s / self.capacity_s) if self.capacity_s else 0.0
 
 
 @dataclass
@@ -329,8 +370,34 @@ class ProfileReport:
                 t["compute"] += s.compute
                 t["bytes"] += s.ring_bytes
         k = len(common)
+        cpu = {r: (sum(rt.cpu_s[n] for n in common) / k if all(n in rt.cpu_s for n in common) else None)
+               for r, rt in self.ranks.items()}
         return [RankSummary(r, k, t["step"] / k, t["compute"] / k, t["communication"] / k, t["data"] / k,
-                            t["idle"] / k, t["bytes"] / k, straggler[r]) for r, t in sorted(totals.items())]
+                            t["idle"] / k, t["bytes"] / k, straggler[r], cpu[r]) for r, t in sorted(totals.items())]
+
+    def machines(self) -> list[MachineView]:
+        """The machine view (`MachineView`) per machine, when every trace says its CPU time, cores and
+        machine (the labs' traces do); [] otherwise."""
+        if any(rt.machine is None or not rt.cpus for rt in self.ranks.values()) \
+                or any(s.cpu_s is None for s in self.summaries):
+            return []
+        by_rank = {s.rank: s for s in self.summaries}
+        groups: dict[str, list[int]] = {}
+        for r, rt in sorted(self.ranks.items()):
+            groups.setdefault(str(rt.machine), []).append(r)
+        return [MachineView(m, ranks, len(set().union(*(self.ranks[r].cpus for r in ranks))),
+                            sum(by_rank[r].step_s for r in ranks) / len(ranks),
+                            sum(by_rank[r].cpu_s for r in ranks))
+                for m, ranks in groups.items()]
+
+    def lost_share(self) -> float | None:
+        """Over every machine: the share of the core time the ranks had that their training threads
+        did not use (`MachineView`), i.e. the throughput communication cost; None without CPU times."""
+        views = self.machines()
+        if not views:
+            return None
+        capacity = sum(v.capacity_s for v in views)
+        return max(0.0, 1.0 - sum(v.cpu_s for v in views) / capacity) if capacity else None
 
     @property
     def world_size(self) -> int:
@@ -363,6 +430,15 @@ class ProfileReport:
                  f"straggler: rank {self.straggler} (the rank that waited least in most steps: everyone "
                  "waited for it); communication = collective ops + the wait every rank had; idle = the "
                  "wait beyond it; MB sent = the ring algorithm's bytes for the collectives' fp32 tensors."]
+        for i, v in enumerate(self.machines()):
+            what = "this machine" if len(self.machines()) == 1 else f"machine {i + 1}"
+            notes.append(
+                f"machine view, {what} ({len(v.ranks)} rank(s) on {v.cores} core(s)): the training threads used "
+                f"{v.cpu_s * 1e3:.1f} ms of CPU per step out of {v.capacity_s * 1e3:.1f} ms of core time "
+                f"({min(len(v.ranks), v.cores)} x {v.step_s * 1e3:.1f} ms): {v.lost_share:.0%} of it went to "
+                "communication, i.e. the throughput it cost (and to any other process on the machine)"
+                + (" (with more ranks than cores, a rank's wait is partly another rank's compute, so this is "
+                   "below the per-rank communication + idle)" if len(v.ranks) > v.cores else "") + ".")
         return "\n".join(notes)
 
     def __str__(self) -> str:

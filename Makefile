@@ -77,7 +77,7 @@ lab: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_data_parallel.py
 	$(BIN)/python benchmarks/bench_allreduce.py
-	$(BIN)/python benchmarks/bench_strategies.py
+	$(BIN)/python benchmarks/bench_strategies.py --profile
 	$(BIN)/python benchmarks/planner_validation.py --out images/planner_validation.md
 	$(BIN)/python benchmarks/bench_runtime.py
 
@@ -85,7 +85,7 @@ bench-allreduce: setup
 	$(BIN)/python benchmarks/bench_allreduce.py
 
 bench-strategies: setup
-	$(BIN)/python benchmarks/bench_strategies.py
+	$(BIN)/python benchmarks/bench_strategies.py --profile
 
 # Horovod is source-only and needs patches for today's frameworks: see scripts/build_horovod.sh.
 horovod: setup

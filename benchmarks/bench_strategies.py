@@ -569,6 +569,57 @@ def plot(rows: list[Row], out: Path, title: str) -> None:
     plt.close(fig)
 
 
+PROFILE_TOLERANCE = 0.10  # the profiler's machine view and the benchmark agree within 10 points of share
+
+
+def profile_lab3(n: int, data_dir: Path, scratch: Path) -> dict:
+    """Lab 3's own script under the workshop's profiler (`workshop.profiling.profile`) at N ranks on 2
+    simulated hosts, as a learner runs it: its communication share per rank and for the machine."""
+    from workshop.profiling import profile
+
+    report = profile("data_parallel", hosts=2, procs_per_host=n // 2, steps=8, data_dir=data_dir,
+                     runs_dir=scratch / "profile-runs", echo=False)
+    out = {"step_s": sum(x.step_s for x in report.summaries) / len(report.summaries),
+           "per_rank": report.share("communication") + report.share("idle"),
+           "machine": report.lost_share()}
+    print(f"  profile (lab 3) N={n}: step {out['step_s'] * 1e3:6.1f} ms/rank, communication + idle per rank "
+          f"{out['per_rank']:.0%}, machine view {out['machine']:.0%}", flush=True)
+    return out
+
+
+def _span(values: list[dict], key: str) -> str:
+    return f"{min(x[key] for x in values):.0%}-{max(x[key] for x in values):.0%}"
+
+
+def profile_comparison(rows: list[Row], profiles: dict[int, list[dict]], cores: int) -> str:
+    """The profiler's communication share of lab 3 next to the benchmark's for DDP at the same N."""
+    ddp = {w.procs: w for w in rows if w.strategy == DDP}
+    lines = ["| N | benchmark: DDP communication share | profiler: communication + idle per rank | "
+             "profiler: machine view | machine view - benchmark | within " f"{PROFILE_TOLERANCE:.0%} |",
+             "|---|---|---|---|---|---|"]
+    for n, ps in sorted(profiles.items()):
+        if n not in ddp:
+            continue
+        bench = ddp[n].comm_s / ddp[n].run.step_s if ddp[n].run.step_s else 0.0
+        per_rank = statistics.median(x["per_rank"] for x in ps)
+        machine = statistics.median(x["machine"] for x in ps)
+        lines.append(f"| {n} | {bench:.0%} | {per_rank:.0%} ({_span(ps, 'per_rank')}) | {machine:.0%} "
+                     f"({_span(ps, 'machine')}) | {(machine - bench) * 100:+.0f} points | "
+                     f"{'yes' if abs(machine - bench) <= PROFILE_TOLERANCE else 'no'} |")
+    return "\n".join([
+        f"Lab 3's profiler report (`python -m workshop profile data_parallel`, 8 profiled steps, median of "
+        f"{max(len(p) for p in profiles.values())} runs interleaved with the benchmark's) against the benchmark's DDP "
+        f"rows (communication = step time - the step time of N processes computing with no communication).", "",
+        *lines, "",
+        f"- The machine view (1 - the training threads' CPU time / the core time the ranks had) measures what the "
+        f"benchmark measures, the throughput communication costs; the stated tolerance is {PROFILE_TOLERANCE:.0%} "
+        "points of share, about what short runs on a shared VM drift.",
+        f"- Per rank, communication + idle counts every second a rank waited. With no more ranks than cores "
+        f"({cores} here) that is the same thing; with more, a rank's wait is partly another rank's compute on its "
+        "core, and the per-rank view says more than the throughput lost.",
+    ])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4], help="process counts")
@@ -587,6 +638,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-netns", action="store_true",
                    help="do not isolate runs in network namespaces (system-wide loopback counters)")
     p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "images", help="where outputs go")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile lab 3's own script (python -m workshop profile) in every round, next to "
+                        "the DDP runs, and compare its communication share with the benchmark's")
     args = p.parse_args(argv)
     if 1 not in args.procs:
         sys.exit("--procs must include 1: scaling efficiency is against each strategy's own 1-process run")
@@ -617,6 +671,7 @@ def main(argv: list[str] | None = None) -> int:
               f"B {fit['bandwidth_Bps'] / 1e9:.2f} GB/s", flush=True)
     unit_runs: dict[int, list[dict]] = {}
     runs: list[Run] = []
+    profiles: dict[int, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-strategies-") as scratch:
         netns = netns_available() and not args.no_netns
         print("Loopback bytes: " + ("exact, each run in its own network namespace (unshare -rn)." if netns else
@@ -641,6 +696,8 @@ def main(argv: list[str] | None = None) -> int:
                 for s in args.strategies:
                     if (ps_now if s == PS else torch_now):
                         runs.append(getattr(bench, s)(n))
+                if args.profile and torch_now and n > 1 and DDP in args.strategies:
+                    profiles.setdefault(n, []).append(profile_lab3(n, args.data_dir, Path(scratch)))
     units = {n: {**us[0], "unit_s": statistics.median(u["unit_s"] for u in us)} for n, us in unit_runs.items()}
     grouped: dict[tuple[str, int], list[Run]] = {}
     for run in runs:
@@ -716,6 +773,11 @@ def main(argv: list[str] | None = None) -> int:
               f"predicted {w.predicted_s * 1e3:.1f} ms from the compute measured at N (error {err:+.0%}), "
               f"{w.predicted_from1_s * 1e3:.1f} ms from the 1-process compute time-shared over "
               f"{cores} cores (error {err1:+.0%}). Target: within 25%.")
+    if profiles:
+        text = profile_comparison(rows, profiles, cores)
+        (args.out_dir / "profile_vs_bench.md").write_text(text + "\n")
+        print()
+        print(text)
     suspicious = [w for w in rows if w.procs > 1 and w.efficiency > 1.05]
     for w in suspicious:
         print(f"SUSPICIOUS: {LABELS[w.strategy]} N={w.procs} efficiency {w.efficiency:.2f} > 1: "

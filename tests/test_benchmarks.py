@@ -7,6 +7,7 @@ a fresh machine and that its byte accounting still matches the formulas it repor
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,9 +97,10 @@ def test_allreduce_microbenchmark_counts_the_ring_volume(tmp_path: Path) -> None
 
 @pytest.mark.slow
 def test_side_by_side_benchmark_smoke_run(tmp_path: Path) -> None:
-    """DDP only, 1 and 2 processes, one repeat: the whole pipeline, and its byte count."""
+    """DDP only, 1 and 2 processes, one repeat: the whole pipeline, and its byte count; with
+    --profile, lab 3's profiler report next to it."""
     proc = run("bench_strategies.py", "--strategies", "ddp", "--procs", "1", "2", "--epochs", "2",
-               "--repeats", "1", "--out-dir", str(tmp_path), timeout=900)
+               "--repeats", "1", "--profile", "--out-dir", str(tmp_path), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Planner vs measured, DDP N=2" in proc.stdout
     rows = {int(r["processes"]): r for r in csv.DictReader((tmp_path / "bench_strategies.csv").open())}
@@ -109,6 +111,10 @@ def test_side_by_side_benchmark_smoke_run(tmp_path: Path) -> None:
     assert expected * 0.98 < measured < expected * 1.10, (measured, expected)
     assert (tmp_path / "bench_strategies.png").stat().st_size > 0
     assert "| DDP (lab 3) | 2 |" in (tmp_path / "bench_strategies.md").read_text()
+    # the profiler's shares sit next to the benchmark's (whether they agree is the benchmark's to print)
+    [row] = [line for line in (tmp_path / "profile_vs_bench.md").read_text().splitlines() if line.startswith("| 2 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert all(re.match(r"-?\d+%", c) for c in cells[1:4]) and cells[5] in ("yes", "no"), row
 
 
 @pytest.mark.slow

@@ -384,3 +384,21 @@ def test_profile_lab_2_pytorch_on_two_hosts(tmp_path, channels):
     assert sum(math.prod(shape) for shape in shapes.values()) == gradients
     assert sum(e.get("name") == "ALLREDUCE" for e in timeline) >= 3 * len(shapes)
     assert run.metric("weights_identical") == 1
+
+
+@pytest.mark.parametrize(("backend", "rs_factor"), [("gloo", 2 * 3 / 4), ("nccl", 3 / 4)])
+def test_fsdp_collectives_count_the_whole_tensor_and_gloos_reduce_scatter_is_an_all_reduce(backend, rs_factor):
+    """FSDP's all-gather records the gathered output first; its reduce-scatter records this rank's
+    shard first and the whole input second: the bytes are of the whole tensor either way, and on gloo
+    a reduce-scatter moves an all-reduce's 2(N-1)/N (PyTorch's gloo all-reduces the input)."""
+    full, shard, world = 4000, 1000, 4
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1, "tid": 1, "ts": 0.0,
+               "dur": 1000.0, "args": {}}]
+    for i, (name, dims) in enumerate([("c10d::_allgather_base_", [[full], [shard]]),
+                                      ("c10d::_reduce_scatter_base_", [[shard], [full]])]):
+        events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": 100.0 + 300 * i,
+                       "dur": 50.0, "args": {"Input Dims": [*dims, [], []]}})
+    trace = {"distributedInfo": {"backend": backend, "rank": 0, "world_size": world}, "traceEvents": events}
+    step = analyze(trace).steps[4]
+    assert step.elements == 2 * full
+    assert step.ring_bytes == pytest.approx(4 * full * (3 / 4 + rs_factor))

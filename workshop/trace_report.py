@@ -36,7 +36,8 @@ compute on the same core, and only the machine view says what the waiting cost.
 Bytes per step: the elements of each collective's input tensors (`Input Dims`, recorded when the
 profiler has `record_shapes=True`; for Horovod the shapes of the gradients its step puts back), 4 bytes
 each (fp32 gradients), times the ring algorithm's factor: 2(N-1)/N for an all-reduce (Horovod's too),
-(N-1)/N for an all-gather or reduce-scatter, 1 for a broadcast.
+(N-1)/N for an all-gather or reduce-scatter (of the whole tensor: a reduce-scatter's input, not its
+shard), 1 for a broadcast; on gloo a reduce-scatter is an all-reduce of its input, 2(N-1)/N.
 
     report = ProfileReport.from_files(["trace-rank0.json", "trace-rank1.json"])
     print(report.table()); report.plot("profile.png")
@@ -173,16 +174,27 @@ def _spans(events: Iterable[Mapping[str, Any]], end: float) -> list[tuple[float,
 
 
 def _elements(event: Mapping[str, Any]) -> int:
+    """The elements of the whole tensor a collective works on. Its first input is that tensor (or
+    tensor list) for an all-reduce, a broadcast and an all-gather (whose first input is the gathered
+    output); a reduce-scatter's first input is this rank's output shard and its second the whole input,
+    so for it the larger of the two counts."""
     dims = event.get("args", {}).get("Input Dims") or []
-    total = 0
-    for dim in dims[:1]:  # the first input: the tensor (or tensor list) the collective moves
+
+    def size(dim: Any) -> int:
         shapes = dim if dim and isinstance(dim[0], list) else [dim]
-        total += sum(math.prod(s) for s in shapes if s)
-    return total
+        return sum(math.prod(s) for s in shapes if s)
+
+    if "reduce_scatter" in str(event.get("name", "")).lower():
+        return max((size(d) for d in dims[:2]), default=0)
+    return size(dims[0]) if dims else 0
 
 
-def _ring_factor(name: str, world_size: int) -> float:
+def _ring_factor(name: str, world_size: int, backend: str = "") -> float:
+    """The share of the whole tensor each rank sends in the ring algorithm. gloo has no reduce-scatter
+    of its own: PyTorch's gloo backend all-reduces the whole input and keeps its shard, 2(N-1)/N."""
     low = name.lower()
+    if "reduce_scatter" in low and backend.startswith("gloo") and world_size > 1:
+        return 2 * (world_size - 1) / world_size
     for key, factor in _RING.items():
         if key in low:
             return factor(world_size) if world_size > 1 else 0.0
@@ -272,7 +284,7 @@ def analyze(trace: Mapping[str, Any], rank: int | None = None, path: Path | None
         for e, collective in moved:
             n = _elements(e)
             elements += n
-            ring += n * BYTES_PER_ELEMENT * _ring_factor(collective, world_size)
+            ring += n * BYTES_PER_ELEMENT * _ring_factor(collective, world_size, str(info.get("backend", "")))
         us = 1e-6
         steps[number] = StepTimes(number, (t1 - t0) * us, _length(data) * us, _length(comm) * us,
                                   (wait + hvd_wait) * us, elements, ring)

@@ -67,6 +67,9 @@ EXPECTED_OUTPUT: dict[str, tuple[str, ...]] = {
     "3_data_parallel/data_parallel": (
         "final test accuracy:", "weights digest per rank:", "ranks, one set of weights",
         "[infra] cost: at most", "[infra] quota:", "[infra] network deleted:",  # preflight, then cleanup
+        # "Where the time goes": the local profile at 2 and 4 ranks runs in both modes, and its check passed
+        "Predicted by workshop.planner for the same layouts on ml.p4d.24xlarge",
+        "profiler reports: on every rank the parts add up to the step",
     ),
     # Two tuning jobs (world sizes 1 and 2), each trial run by the fake through the image's toolkit
     # and the workshop's trial entry (sagemaker-python-sdk#5610), ranked by the service.
@@ -88,6 +91,8 @@ EXPECTED_OUTPUT: dict[str, tuple[str, ...]] = {
         "pytorch:2.13-cu133-amzn2023-sagemaker", "plain PyTorch applies the same SMP settings",
         "[infra] cost: at most $1.41 = 2 x ml.g5.xlarge",  # the default route: a few dollars at most
         "WARNING: The SageMaker model-parallel (SMP v2) image",  # the opt-in route says what it is
+        # "Where the time goes": the local FSDP and DDP profiles run in both modes, and their check passed
+        "collectives on the model per step, the planner's", "profiler reports: on every rank the parts add up",
     ),
 }
 SUMMARY_MARK = "FAKE_SAGEMAKER_JOBS="

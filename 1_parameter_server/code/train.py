@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--model-dir", default=env("SM_MODEL_DIR", "artifacts/model"), help="where the coordinator writes the model")
     d.add_argument(
         "--checkpoint-dir", default=env("SM_CHECKPOINT_DIR", "artifacts/checkpoints"),
-        help="checkpoint every --log-interval steps here; resume from it when it holds one",
+        help="checkpoint every --log-interval steps here (the newest two are kept); resume from the newest",
     )
     d.add_argument(
         "--output-dir", default=env("SM_OUTPUT_DATA_DIR", "artifacts/output"),
@@ -272,6 +272,23 @@ def in_process_resolver(tf, args):
     return tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="chief", task_id=0, rpc_layer="grpc")
 
 
+CHECKPOINT_NAME = "ckpt"  # checkpoints are CHECKPOINT_NAME-<step>.index and .data-* files
+CHECKPOINTS_KEPT = 2
+
+
+def list_checkpoints(tf, directory: str) -> list[tuple[int, str]]:
+    """(step, path prefix) of each checkpoint in `directory`, oldest first. A checkpoint's .index
+    file is the last it writes (its shards are first written under a temporary name), so a
+    checkpoint whose .index is there is complete."""
+    found = []
+    for index in tf.io.gfile.glob(os.path.join(directory, f"{CHECKPOINT_NAME}-*.index")):
+        prefix = index[: -len(".index")]
+        step = prefix.rsplit("-", 1)[1]
+        if step.isdigit():
+            found.append((int(step), prefix))
+    return sorted(found)
+
+
 def run_coordinator(tf, args, resolver) -> int:
     t_start = time.time()
     configure_threads(tf, args.threads)
@@ -308,15 +325,35 @@ def run_coordinator(tf, args, resolver) -> int:
 
     # Resume: the checkpoint holds the variables, their momentum and the step count.
     checkpoint = tf.train.Checkpoint(model=model, slots=slots, step=step_counter)
-    manager = tf.train.CheckpointManager(checkpoint, args.checkpoint_dir, max_to_keep=2)
     # PS: by default each parameter server writes its own variables' shard to the checkpoint path
     # on its own host's disk, and one of them merges the parts: that needs a file system every host
     # shares. SageMaker's /opt/ml/checkpoints is per host, so all checkpoint I/O goes through the
     # coordinator's CPU instead: the whole checkpoint lands on algo-1, whose folder SageMaker syncs.
     io = tf.train.CheckpointOptions(experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0")
-    if manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint, options=io)
-        print(f"Resumed from {manager.latest_checkpoint} at step {int(step_counter.numpy())}.", flush=True)
+    saved = list_checkpoints(tf, args.checkpoint_dir)
+    if saved:
+        # Every variable must come back; a value the model has no place for is ignored (expect_partial):
+        # the save counter in a checkpoint that tf.train.CheckpointManager wrote (older versions of this script).
+        checkpoint.read(saved[-1][1], options=io).assert_existing_objects_matched().expect_partial()
+        print(f"Resumed from {saved[-1][1]} at step {int(step_counter.numpy())}.", flush=True)
+
+    # A checkpoint of variables that live on several tasks is written by a tf.function. Saved
+    # eagerly (checkpoint.write, CheckpointManager.save), TensorFlow builds that function anew at
+    # every save, and from the 5th save on warns that it keeps retracing; built here once, with the
+    # path as a tensor argument, every save runs the same traced function.
+    @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
+    def write_checkpoint(prefix):
+        return checkpoint.write(prefix, options=io)
+
+    tf.io.gfile.makedirs(args.checkpoint_dir)
+
+    def save_checkpoint(step: int) -> None:
+        """Writes ckpt-<step> and keeps the newest CHECKPOINTS_KEPT checkpoints."""
+        prefix = os.path.join(args.checkpoint_dir, f"{CHECKPOINT_NAME}-{step}")
+        write_checkpoint(tf.constant(prefix)).numpy()  # .numpy(): wait until it is written
+        for _, old in list_checkpoints(tf, args.checkpoint_dir)[:-CHECKPOINTS_KEPT]:
+            for path in tf.io.gfile.glob(old + ".*"):
+                tf.io.gfile.remove(path)
 
     def dataset_fn():
         # PS: runs on each worker: its own shuffled, endless stream of batches, tagged with its rank.
@@ -373,7 +410,7 @@ def run_coordinator(tf, args, resolver) -> int:
         test_loss, test_acc = evaluate(tf, model, test_x, test_y)
         metrics(rank=0, step=done, train_loss=float(np.mean(losses)), test_loss=test_loss,
                 test_accuracy=test_acc, steps_per_sec=n / elapsed)
-        manager.save(checkpoint_number=done, options=io)
+        save_checkpoint(done)
 
     if not events:  # a finished run resumed: report the model as it is
         test_loss, test_acc = evaluate(tf, model, test_x, test_y)

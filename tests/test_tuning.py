@@ -385,3 +385,39 @@ def test_on_the_fake_service_each_trial_is_a_whole_distributed_job(no_aws, tmp_p
     assert result.best is best and record.best_training_job == best.job_name
     assert f"tuning job {record.name}: Completed; best trial {best.job_name}" in out
     assert re.search(rf"^{best.index} \*\s+{best.hyperparameters['lr']}\s+0\.\d{{4}}", out, re.MULTILINE), out
+
+
+def test_a_local_search_says_which_trials_are_still_running_while_none_ends(tmp_path, monkeypatch):
+    """No more than HEARTBEAT_S without a line: a trial that runs on gets a 'still running' line
+    (here the trial waits until that line is printed, then ends)."""
+    from workshop import tuning
+
+    flag = tmp_path / "heartbeat-seen"
+    lines: list[str] = []
+
+    def start(lab, trial, base, hosts, procs, data_dir, cores, folder):
+        trial.folder = folder / f"trial-{trial.index:03d}"
+        trial.folder.mkdir(parents=True)
+        (trial.folder / "trial.log").write_text("")
+        trial.cores, trial.status = tuple(cores), "running"
+        return subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
+                                 "while not os.path.exists(sys.argv[1]): time.sleep(0.02)", str(flag)])
+
+    def say(message: str) -> None:
+        lines.append(message)
+        if message.startswith("still running:"):
+            flag.touch()
+
+    monkeypatch.setattr(tuning, "_start_trial", start)
+    monkeypatch.setattr(tuning, "say", say)
+    monkeypatch.setattr(tuning, "HEARTBEAT_S", 0.0)
+    space = SearchSpace.parse(LAB, ["lr=0.01"])
+    result = TuneResult(LAB, Objective("test_accuracy"), space, [Trial(1, {"lr": "0.01"})], "local",
+                        folder=tmp_path)
+    tuning._run_trials(LAB, result, {}, 1, 1, None, [[0]])
+    assert lines[0].startswith("trial 1/1 started: lr=0.01")
+    # one line per poll until the trial saw the first one and ended (HEARTBEAT_S is 0 here)
+    assert lines[1:-2] and all(re.fullmatch(r"still running: trial 1/1 \(lr=0\.01\) \d+ s", line)
+                               for line in lines[1:-2]), lines
+    assert lines[-2].startswith("trial 1/1 FAILED")  # it left no result: the search says so, and goes on
+    assert lines[-1].startswith("  its logs:")

@@ -52,6 +52,7 @@ from workshop.search import Objective, SearchSpace
 from workshop.spec import Lab
 
 POLL_S = 0.2
+HEARTBEAT_S = 10.0  # a local search prints a line at least this often while trials run
 STOP_GRACE_S = 30.0  # after Ctrl-C, how long a trial may take to stop its hosts before SIGTERM, then SIGKILL
 RESULT_FILE = "result.json"
 
@@ -381,6 +382,7 @@ def _run_trials(lab, result: TuneResult, base, hosts, procs, data_dir, shares) -
     running: dict[int, tuple[Trial, subprocess.Popen, float]] = {}  # slot -> trial
     free = list(range(len(shares)))
     total = len(result.trials)
+    said = time.monotonic()  # when the last line was printed: a line at least every HEARTBEAT_S
     try:
         while waiting or running:
             while waiting and free:
@@ -388,7 +390,13 @@ def _run_trials(lab, result: TuneResult, base, hosts, procs, data_dir, shares) -
                 running[slot] = (trial, _start_trial(lab, trial, base, hosts, procs, data_dir, shares[slot], result.folder),
                                  time.monotonic())
                 say(f"trial {trial.index}/{total} started: {trial.label()} (cores {','.join(map(str, trial.cores))})")
+                said = time.monotonic()
             time.sleep(POLL_S)
+            if running and time.monotonic() - said >= HEARTBEAT_S:
+                now = time.monotonic()
+                say("still running: " + ", ".join(f"trial {t.index}/{total} ({t.label()}) {now - t0:.0f} s"
+                                                  for t, _, t0 in running.values()))
+                said = now
             for slot, (trial, proc, t0) in list(running.items()):
                 if proc.poll() is None:
                     continue
@@ -396,6 +404,7 @@ def _run_trials(lab, result: TuneResult, base, hosts, procs, data_dir, shares) -
                 free.append(slot)
                 _collect(trial, proc.returncode, time.monotonic() - t0, result.objective)
                 result.save()
+                said = time.monotonic()
                 left = f"{len(running)} running, {len(waiting)} waiting"
                 if trial.status == "ok":
                     value = "no value" if trial.metric is None else f"{result.objective.metric}={trial.metric:.4f}"

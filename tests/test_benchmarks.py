@@ -118,6 +118,20 @@ def test_side_by_side_benchmark_smoke_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_parameter_servers_bytes_are_counted(tmp_path: Path) -> None:
+    """The parameter server's simulated hosts must talk over the benchmark's own loopback: on the
+    container runtime each host had a network namespace of its own and the table said 0 bytes."""
+    proc = run("bench_strategies.py", "--strategies", "parameter_server", "--procs", "1", "--repeats", "1",
+               "--ps-steps-per-worker", "10", "--out-dir", str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [row] = list(csv.DictReader((tmp_path / "bench_strategies.csv").open()))
+    measured, expected = float(row["loopback_bytes_per_rank_step"]), float(row["expected_bytes_per_rank_step"])
+    # 2K per worker step (pull the weights, push the gradient), plus gRPC framing, start-up and evaluation,
+    # which weigh more in a run this short (30 steps)
+    assert expected < measured < expected * 1.6, (measured, expected)
+
+
+@pytest.mark.slow
 def test_runtime_benchmark_times_every_launcher(tmp_path: Path) -> None:
     """One repeat of each way (bare torchrun, the process and the container runtime): every job
     really all-reduced (the benchmark checks), and the table has a row per way and layout."""

@@ -4,7 +4,8 @@
         --batch-size 64 --data-dir data/mnist --workdir /tmp/ps-run
 
 A separate process so that benchmarks/bench_strategies.py can run the whole simulated
-cluster inside its own network namespace (exact loopback byte counts), like its other runs.
+cluster inside its own network namespace (exact loopback byte counts), like its other runs;
+on the process runtime, so that every host's traffic crosses that namespace's loopback.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ def main(argv=None) -> int:
         Path(__file__).resolve().parent, "ps_train.py", hosts=args.hosts, procs_per_host=1,
         distributed=get_lab("parameter_server").distributed_config(1), name="bench-ps",
         workdir=args.workdir, echo=False,
+        # The process runtime: its hosts talk over this network namespace's loopback, whose counters
+        # the benchmark reads (the container runtime gives each host a namespace of its own, whose
+        # traffic those counters never see: the table said 0 bytes).
+        runtime="process",
     )
     hps = {"steps": args.steps, "log-interval": args.log_interval, "batch-size": args.batch_size, "threads": 1}
     result = cluster.run(hps, channels.dirs, check=False)

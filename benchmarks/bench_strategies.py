@@ -756,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
             "3 blocking collectives.")
     (args.out_dir / "bench_strategies.md").write_text(
         header + "\n\n" + table + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
-    plot(rows, args.out_dir / "bench_strategies.png", header[:230])
+    plot(rows, args.out_dir / "bench_strategies.png", header.split("; other processes")[0] + ".")
     print()
     print(header)
     print()

@@ -424,7 +424,10 @@ class ProfileReport:
         """`part`'s share of the step, over every rank's profiled steps."""
         return sum(s.part(part) for s in self.summaries) / sum(s.step_s for s in self.summaries)
 
-    def table(self) -> str:
+    def table(self, markdown: bool = False) -> str:
+        """The per-rank table with its heading line and notes; `markdown=True` puts blank lines around
+        the table and between the notes, so that Markdown (a notebook's `display(Markdown(...))`)
+        renders it as a table."""
         head = ["rank", "step ms", "compute", "communication", "data", "idle", "MB sent/step", "straggler in"]
         rows = []
         for s in self.summaries:
@@ -436,14 +439,15 @@ class ProfileReport:
         widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
         line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
         backend = next(iter(self.ranks.values())).backend
-        notes = [f"{self.title}: {len(self.ranks)} ranks ({backend or 'unknown backend'}), "
-                 f"{self.summaries[0].steps} profiled steps, mean per step (ms, share of the step)",
-                 line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows),
-                 f"straggler: rank {self.straggler} (the rank that waited least in most steps: everyone "
+        heading = (f"{self.title}: {len(self.ranks)} ranks ({backend or 'unknown backend'}), "
+                   f"{self.summaries[0].steps} profiled steps, mean per step (ms, share of the step)")
+        table = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)]
+        notes = [f"straggler: rank {self.straggler} (the rank that waited least in most steps: everyone "
                  "waited for it); communication = collective ops + the wait every rank had; idle = the "
                  "wait beyond it; MB sent = the ring algorithm's bytes for the collectives' fp32 tensors."]
-        for i, v in enumerate(self.machines()):
-            what = "this machine" if len(self.machines()) == 1 else f"machine {i + 1}"
+        views = self.machines()
+        for i, v in enumerate(views):
+            what = "this machine" if len(views) == 1 else f"machine {i + 1}"
             notes.append(
                 f"machine view, {what} ({len(v.ranks)} rank(s) on {v.cores} core(s)): the training threads used "
                 f"{v.cpu_s * 1e3:.1f} ms of CPU per step out of {v.capacity_s * 1e3:.1f} ms of core time "
@@ -451,35 +455,51 @@ class ProfileReport:
                 "communication, i.e. the throughput it cost (and to any other process on the machine)"
                 + (" (with more ranks than cores, a rank's wait is partly another rank's compute, so this is "
                    "below the per-rank communication + idle)" if len(v.ranks) > v.cores else "") + ".")
-        return "\n".join(notes)
+        if markdown:
+            return "\n".join([heading, "", *table, "", "\n\n".join(notes)])
+        return "\n".join([heading, *table, *notes])
 
     def __str__(self) -> str:
         return self.table()
 
     def plot(self, path: str | Path | None = None):
         """A stacked bar per rank (PARTS, ms per step); saved as `path` (or the report's `png`). Returns the figure."""
-        import matplotlib
-
-        if "ipykernel" not in sys.modules:
-            matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        colors = {"compute": "tab:blue", "communication": "tab:orange", "data": "tab:green", "idle": "lightgrey"}
-        fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(self.summaries) + 3), 4.0))
-        xs = [f"rank {s.rank}" + (" *" if s.rank == self.straggler else "") for s in self.summaries]
-        bottom = [0.0] * len(xs)
-        for p in PARTS:
-            values = [s.part(p) * 1e3 for s in self.summaries]
-            ax.bar(xs, values, bottom=bottom, color=colors[p], label=f"{p} ({self.share(p):.0%})",
-                   hatch="//" if p == "idle" else None, edgecolor="grey" if p == "idle" else None)
-            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-        ax.set_ylabel("ms per step (mean over profiled steps)")
-        ax.set_title(f"{self.title} (* straggler)")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-        fig.tight_layout()
         out = Path(path) if path else self.png
+        fig = plot_reports({"": self}, f"{self.title} (* straggler)", out)
         if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(out, dpi=110)
             self.png = out
         return fig
+
+
+PART_COLORS = {"compute": "tab:blue", "communication": "tab:orange", "data": "tab:green", "idle": "lightgrey"}
+
+
+def plot_reports(reports: Mapping[str, ProfileReport], title: str, path: str | Path | None = None):
+    """Stacked bars (PARTS, ms per step) for every rank of every report, on one scale: `reports` maps a
+    label (the x labels' first line, e.g. "2 ranks"; "" for none) to a report; the straggler of each is
+    starred. One report's legend gives each part's share. Saved as `path` if given; returns the figure."""
+    import matplotlib
+
+    if "ipykernel" not in sys.modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [(f"{label}\n" * bool(label) + f"rank {s.rank}" + (" *" if s.rank == report.straggler else ""), s)
+            for label, report in reports.items() for s in report.summaries]
+    only = next(iter(reports.values())) if len(reports) == 1 else None
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(bars) + 3), 4.0))
+    bottom = [0.0] * len(bars)
+    for p in PARTS:
+        values = [s.part(p) * 1e3 for _, s in bars]
+        ax.bar([x for x, _ in bars], values, bottom=bottom, color=PART_COLORS[p],
+               label=f"{p} ({only.share(p):.0%})" if only else p,
+               hatch="//" if p == "idle" else None, edgecolor="grey" if p == "idle" else None)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_ylabel("ms per step (mean over profiled steps)")
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.tight_layout()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    return fig

@@ -167,14 +167,17 @@ def test_the_cli_refuses_steps_below_one_and_an_unprofilable_lab(capsys):
     assert "TensorFlow" in capsys.readouterr().err
 
 
-def test_profiled_steps_that_do_not_fit_in_an_epoch_are_refused_by_the_scripts_own_check():
-    lab = get_lab("data_parallel")
+@pytest.mark.parametrize("key", ["data_parallel", "horovod_pytorch"])
+def test_profiled_steps_that_do_not_fit_in_an_epoch_are_refused_by_the_scripts_own_check(key):
+    lab = get_lab(key)
     hps = {**lab.local_hyperparameters, **lab.profile_hyperparameters, lab.profile_flag: 20}
     # 4,000 samples over 4 ranks in batches of 64: 15 steps an epoch, 4 of them warm-up
     with pytest.raises(WorkshopError, match="does not fit in the first epoch") as err:
         lab.validate_hyperparameters(hps, world_size=4, train_samples=4000)
     assert "--profile-steps to 11 or less" in str(err.value)
     lab.validate_hyperparameters({**hps, lab.profile_flag: 11}, world_size=4, train_samples=4000)
+    with pytest.raises(WorkshopError, match="--profile-steps must be 0"):
+        lab.validate_hyperparameters({**hps, lab.profile_flag: -1}, world_size=4, train_samples=4000)
 
 
 def test_missing_or_broken_traces_say_how_to_get_them(tmp_path):
@@ -339,18 +342,6 @@ def test_a_horovod_step_waits_in_its_optimizer_and_moves_the_gradients_it_puts_b
     assert "2 ranks (horovod/gloo)" in report.table()
 
 
-def test_horovod_pytorch_profiled_steps_must_fit_in_an_epoch():
-    lab = get_lab("horovod_pytorch")
-    hps = {**lab.local_hyperparameters, **lab.profile_hyperparameters, lab.profile_flag: 20}
-    # 4,000 samples over 4 ranks in batches of 64: 15 steps an epoch, 4 of them warm-up
-    with pytest.raises(WorkshopError, match="does not fit in the first epoch") as err:
-        lab.validate_hyperparameters(hps, world_size=4, train_samples=4000)
-    assert "--profile-steps to 11 or less" in str(err.value)
-    lab.validate_hyperparameters({**hps, lab.profile_flag: 11}, world_size=4, train_samples=4000)
-    with pytest.raises(WorkshopError, match="--profile-steps must be 0"):
-        lab.validate_hyperparameters({**hps, lab.profile_flag: -1}, world_size=4, train_samples=4000)
-
-
 @pytest.mark.slow
 def test_profile_lab_2_pytorch_on_two_hosts(tmp_path, channels):
     import math
@@ -402,3 +393,19 @@ def test_fsdp_collectives_count_the_whole_tensor_and_gloos_reduce_scatter_is_an_
     step = analyze(trace).steps[4]
     assert step.elements == 2 * full
     assert step.ring_bytes == pytest.approx(4 * full * (3 / 4 + rs_factor))
+
+
+def test_the_markdown_table_renders_and_several_reports_share_one_plot(tmp_path):
+    from workshop.trace_report import plot_reports
+
+    report = ProfileReport.from_traces({0: synthetic_trace(0, 2, [3000, 3100]), 1: synthetic_trace(1, 2, [200, 200])})
+    plain, md = report.table().splitlines(), report.table(markdown=True).splitlines()
+    # the same lines, with a blank line before and after the table and between the notes
+    assert [line for line in md if line] == plain
+    first, last = md.index(plain[1]), md.index(plain[-2])
+    assert md[first - 1] == "" and md[last + 1] == "" and md[-2] == ""
+    other = ProfileReport.from_traces({0: synthetic_trace(0, 2, [100]), 1: synthetic_trace(1, 2, [900])})
+    fig = plot_reports({"a": report, "b": other}, "two runs", tmp_path / "both.png")
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert labels == ["a\nrank 0", "a\nrank 1 *", "b\nrank 0 *", "b\nrank 1"]
+    assert (tmp_path / "both.png").stat().st_size > 0

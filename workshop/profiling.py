@@ -138,9 +138,7 @@ def profile(
 def _profile_on_sagemaker(lab: Lab, *, hosts: int | None, procs_per_host: int | None, hps: dict[str, Any],
                           data_dir: str | Path | None, runs_dir: str | Path | None, echo: bool,
                           confirm_cost: Any, **fields: Any) -> ProfileReport:
-    defaults = lab.sagemaker_route(fields.get("route"))
-    hosts = hosts or defaults.instance_count
-    procs_per_host = procs_per_host or defaults.procs_per_host
+    # hosts / procs_per_host None: the lab's route's defaults (plan_job resolves them)
     job = run_on_sagemaker(lab, hosts=hosts, procs_per_host=procs_per_host, hyperparameters=hps,
                            data_dir=data_dir, confirm_cost=confirm_cost, **fields)
     if not job.ok:
@@ -148,8 +146,7 @@ def _profile_on_sagemaker(lab: Lab, *, hosts: int | None, procs_per_host: int | 
                             f"read its logs ({job.console_url}); fix what they say and profile again.")
     folder = Path(runs_dir) if runs_dir else DEFAULT_RUNS_DIR
     output = job.download_output(folder / job.job_name / "output")
-    report = report_from(output, out_dir=folder / job.job_name / "profile",
-                         title=f"{lab.label}, SageMaker job: {hosts} host(s) x {procs_per_host} process(es)")
+    report = report_from(output, out_dir=folder / job.job_name / "profile", title=f"{lab.label}, SageMaker job {job.job_name}")
     report.run = job
     _say(report, folder / job.job_name / "profile", echo)
     return report

@@ -47,7 +47,7 @@ workshop: setup
 test: setup
 	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
 	$(BIN)/python -m pytest tests $(wildcard [0-9]_*/*.ipynb) --nbval-lax --nbval-current-env \
-		--nbval-cell-timeout=900 --timeout=1800 $(PYTEST_ARGS)
+		--nbval-cell-timeout=900 --timeout=1800 --durations=30 $(PYTEST_ARGS)
 
 # The tests that start no training process (tests marked slow and the notebooks left out); a test
 # that is not marked slow and starts training fails (the guard in tests/conftest.py).
@@ -80,6 +80,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_strategies.py --profile
 	$(BIN)/python benchmarks/planner_validation.py --out images/planner_validation.md
 	$(BIN)/python benchmarks/bench_runtime.py
+	$(BIN)/python benchmarks/bench_cli.py
 
 bench-allreduce: setup
 	$(BIN)/python benchmarks/bench_allreduce.py

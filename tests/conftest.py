@@ -251,6 +251,10 @@ _TRAINING_MODULES = {
     ("ipykernel_launcher", None): "a Jupyter kernel (a notebook)",
     ("ipykernel", None): "a Jupyter kernel (a notebook)",
 }
+# Benchmarks that start no training: bench_cli.py times the command line's answers to --help,
+# `labs` and refused input, each of which starts nothing (tests/test_architecture.py checks they
+# import no framework).
+NO_TRAINING_BENCHMARKS = {"bench_cli.py"}
 # Asking a program about itself is not training.
 _INFO_FLAGS = {"--help", "-h", "--version", "--check-build"}
 # `python -c CODE` that starts the local cluster or the fake SageMaker in the child.
@@ -320,6 +324,8 @@ def _argv_launch(argv: list[str]) -> str | None:
             return _argv_launch(rest[i + 3:])  # a command run in a private network namespace: that command
         return _TRAINING_MODULES.get((module, first)) or _TRAINING_MODULES.get((module, None))
     script = Path(rest[i])
+    if script.name in NO_TRAINING_BENCHMARKS:
+        return None
     if re.match(r"(train.*|bench_.*)\.py$", script.name):
         return f"python {script.name}"
     if script.parent.name == "workers" and script.parent.parent.name == "benchmarks":

@@ -183,3 +183,30 @@ def test_the_readme_names_every_module():
         if not named and name != "workshop" and not name.endswith("__main__"):
             missing.append(name)
     assert missing == []
+
+
+# The command line answers --help, `labs` and bad input without the heavy packages: the SageMaker SDK
+# alone took 4-12 s to import, so a typo cost that much before it was refused.
+HEAVY = ("sagemaker", "boto3", "botocore", "torch", "tensorflow")
+
+
+@pytest.mark.parametrize("argv", [None, ["--help"], ["labs"], ["run", "nosuchlab"], ["run", "data_parallel", "--hosts", "0"],
+                                  ["run", "data_parallel", "--dry-run"], ["profile", "parameter_server"]])
+def test_the_command_line_imports_no_heavy_package_to_answer(argv):
+    """Importing `workshop.__main__` (argv None), and each of these commands, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = ("import contextlib, io, sys\n"
+            "import workshop.__main__ as cli\n"
+            f"argv = {argv!r}\n"
+            "if argv is not None:\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        try:\n"
+            "            cli.main(argv)\n"
+            "        except SystemExit:\n"
+            "            pass\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"{argv}: imported {out.stdout.strip()}"

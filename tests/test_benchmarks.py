@@ -18,7 +18,7 @@ from workshop import REPO_ROOT
 
 BENCH = REPO_ROOT / "benchmarks"
 SCRIPTS = ["bench_data_parallel.py", "bench_allreduce.py", "bench_strategies.py", "planner_validation.py",
-           "bench_runtime.py"]
+           "bench_runtime.py", "bench_cli.py"]
 
 
 def run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -142,3 +142,13 @@ def test_runtime_benchmark_times_every_launcher(tmp_path: Path) -> None:
         assert table.count(f"| {way} |") == 2, table
     rows = list(csv.DictReader((tmp_path / "bench_runtime.csv").open()))
     assert len(rows) == 6 and all(float(r["median_s"]) > 0 for r in rows)
+
+
+def test_cli_benchmark_times_each_command_against_the_bare_interpreter(tmp_path: Path) -> None:
+    """Its table has every command and the interpreter's own start; not its timings (noise here)."""
+    proc = run("bench_cli.py", "--repeats", "1", "--out-dir", str(tmp_path), timeout=300)
+    table = (tmp_path / "bench_cli.md").read_text()
+    assert proc.returncode in (0, 1), proc.stderr
+    for command in ("python -c pass", "--help", "labs", "run nosuchlab"):
+        assert f"| `{command}` |" in table
+    assert re.search(r"\| `--help` \| \d+\.\d\d s \| \d+\.\d\d s \| [+-]\d+\.\d\d s \| (yes|NO) \|", table), table

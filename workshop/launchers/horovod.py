@@ -33,20 +33,20 @@ import re
 import tempfile
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
-
-from pydantic import field_validator
-from sagemaker.train.distributed import DistributedConfig
+from typing import TYPE_CHECKING, Any, Literal
 
 from workshop.cloud import aws
 from workshop.cloud.prices import INSTANCE_PRICES
 from workshop.errors import WorkshopError
 from workshop.jobs import SOURCE_IGNORE_PATTERNS, JobPlan, PrepStep, is_gpu_instance, submit
+from workshop.launchers import drivers
 from workshop.launchers.base import LauncherBase
 from workshop.spec import Lab, load_module
 
-DRIVER_DIR = Path(__file__).resolve().parent.parent / "drivers" / "horovod"
-DRIVER_SCRIPT = "hvd_driver.py"
+if TYPE_CHECKING:
+    from workshop.launchers.configs import Horovod
+
+DRIVER_DIR, DRIVER_SCRIPT = drivers.HOROVOD_DIR, drivers.HOROVOD_SCRIPT
 HOROVOD_VERSION = "0.28.1"
 REBUILD = "`make horovod` (builds Horovod 0.28.1 with the workshop's patches; ~5 min the first time, ~1 min from the cached wheel)"
 # Measured on this workshop's 2-core machines: 218-528 s for both frameworks. One framework
@@ -68,45 +68,14 @@ GPU_FIX = (
 )
 
 
-class Horovod(DistributedConfig):
-    """Horovod ranks on every host, Gloo controller, Horovod's rendezvous on algo-1.
+def __getattr__(name: str) -> Any:
+    """`Horovod` on first use: it subclasses the SDK's `DistributedConfig`, and the SDK takes seconds
+    to import (`workshop.launchers.configs`)."""
+    if name == "Horovod":
+        from workshop.launchers.configs import Horovod
 
-    framework: "pytorch" or "tensorflow": which of Horovod's extensions the script needs.
-    install: "none" (the image has Horovod) or "wheel" (install it from the job's `horovod`
-        input channel, the wheel built once for the image; no index, no PyPI).
-    process_count_per_node: ranks per host; None: one per GPU, one on CPU instances.
-    gloo_timeout_s: how long a rank waits for a peer before failing (a dead peer ends the job);
-        it starts only once every host is ready.
-    rendezvous_wait_s: how long each host waits, from its driver's start, for every other host to
-        report ready (instances start and finish their set-up minutes apart).
-    """
-
-    framework: Literal["pytorch", "tensorflow"] = "pytorch"
-    install: Literal["none", "wheel"] = "none"
-    process_count_per_node: int | None = None
-    gloo_timeout_s: int = 60
-    rendezvous_wait_s: int = 1800
-    grace_s: int = 60
-
-    @field_validator("install", mode="before")
-    @classmethod
-    def _no_build_per_host(cls, value: Any) -> Any:
-        if value == "build":
-            raise ValueError(
-                "install='build' is gone: it built Horovod on every host of every job (minutes each, "
-                "hosts finishing apart, PyPI needed). Use install='wheel' with the `horovod` channel "
-                "(run_on_sagemaker builds the wheel once per image and adds it), or an image with "
-                "Horovod and install='none'"
-            )
-        return value
-
-    @property
-    def driver_dir(self) -> str:
-        return str(DRIVER_DIR)
-
-    @property
-    def driver_script(self) -> str:
-        return DRIVER_SCRIPT
+        return Horovod
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_driver() -> ModuleType:
@@ -386,6 +355,8 @@ class HorovodLauncher(LauncherBase):
         return f"HorovodLauncher({self.framework!r})"
 
     def local_config(self, lab: Lab, procs_per_host: int | None) -> Horovod:
+        from workshop.launchers.configs import Horovod
+
         check_installed(self.framework)  # before any process starts: a missing build says how to get one
         return Horovod(framework=self.framework, process_count_per_node=procs_per_host)
 
@@ -393,6 +364,8 @@ class HorovodLauncher(LauncherBase):
         # SageMaker's framework images have no Horovod: the hosts install the wheel built once
         # for the image from channel `horovod` (added by prepare). An image of your own
         # (image_uri=..., e.g. from 2_horovod/docker/Dockerfile) has it.
+        from workshop.launchers.configs import Horovod
+
         return Horovod(
             framework=self.framework,
             install="none" if plan.custom_image else "wheel",

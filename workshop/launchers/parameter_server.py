@@ -16,52 +16,34 @@ See the driver's docstring for the topology, the port scheme and how the job end
 
 from __future__ import annotations
 
-from pathlib import Path
-from types import ModuleType
-
-from sagemaker.train.distributed import DistributedConfig
+from typing import TYPE_CHECKING, Any
 
 from workshop.errors import WorkshopError
 from workshop.jobs import JobPlan
+from workshop.launchers import drivers
 from workshop.launchers.base import LauncherBase
-from workshop.spec import Lab, load_module
+from workshop.spec import Lab
 
-DRIVER_DIR = Path(__file__).resolve().parent.parent / "drivers" / "parameter_server"
-DRIVER_SCRIPT = "ps_driver.py"
+if TYPE_CHECKING:
+    from workshop.launchers.configs import ParameterServer
 
-
-class ParameterServer(DistributedConfig):
-    """One parameter server per host; the coordinator on algo-1; workers on the other hosts.
-
-    `process_count_per_node` is 1: one training process per host (the coordinator or a
-    worker); each host also runs a parameter server, which computes nothing.
-    `coordinator_wait_s`: how long the other hosts wait for the coordinator to come up.
-    """
-
-    process_count_per_node: int = 1
-    coordinator_wait_s: int = 600
-
-    def job_ports(self, base_port: int, hosts: int) -> list[int]:
-        """The ports the job uses from `base_port` (SM_MASTER_PORT); the local cluster checks them."""
-        return job_ports(base_port, hosts)
-
-    @property
-    def driver_dir(self) -> str:
-        return str(DRIVER_DIR)
-
-    @property
-    def driver_script(self) -> str:
-        return DRIVER_SCRIPT
+DRIVER_DIR, DRIVER_SCRIPT = drivers.PARAMETER_SERVER_DIR, drivers.PARAMETER_SERVER_SCRIPT
 
 
-def load_driver() -> ModuleType:
-    """The driver as a module (its `tf_configs`, `cluster_spec` and `ports`), for tests and notebooks."""
-    return load_module(DRIVER_DIR / DRIVER_SCRIPT, "ps_driver")
+def __getattr__(name: str) -> Any:
+    """`ParameterServer` on first use: it subclasses the SDK's `DistributedConfig`, and the SDK takes seconds
+    to import (`workshop.launchers.configs`)."""
+    if name == "ParameterServer":
+        from workshop.launchers.configs import ParameterServer
+
+        return ParameterServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def job_ports(base_port: int, hosts: int) -> list[int]:
-    """Every port a job of `hosts` hosts uses from `base_port` (the driver's scheme)."""
-    return sorted(p for ports in load_driver().ports(base_port, hosts).values() for p in ports)
+# The driver as a module (its `tf_configs`, `cluster_spec` and `ports`), for tests and notebooks;
+# every port a job of `hosts` hosts uses from `base_port` (the driver's scheme).
+load_driver = drivers.load_parameter_server_driver
+job_ports = drivers.parameter_server_job_ports
 
 
 class ParameterServerLauncher(LauncherBase):
@@ -70,6 +52,8 @@ class ParameterServerLauncher(LauncherBase):
     name = "parameter_server"
 
     def local_config(self, lab: Lab, procs_per_host: int | None) -> ParameterServer:
+        from workshop.launchers.configs import ParameterServer
+
         if procs_per_host not in (None, 1):
             raise WorkshopError(
                 f"Lab {lab.key!r} runs one training process per host (plus a parameter server), "
@@ -79,6 +63,8 @@ class ParameterServerLauncher(LauncherBase):
         return ParameterServer()
 
     def sagemaker_config(self, plan: JobPlan) -> ParameterServer:
+        from workshop.launchers.configs import ParameterServer
+
         if plan.instance_count < 2:
             raise WorkshopError(
                 f"A parameter-server job needs at least 2 instances, got {plan.instance_count}.",

@@ -14,39 +14,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
-
-from sagemaker.train.distributed import DistributedConfig
 
 from workshop.errors import WorkshopError
 from workshop.jobs import JobPlan
+from workshop.launchers import drivers
 from workshop.launchers.base import LauncherBase
 from workshop.spec import Lab
 
 SMP_IMAGE_MARKER = "smdistributed-modelparallel"  # in the SMP images' repository name
-DRIVER_DIR = Path(__file__).resolve().parent.parent / "drivers" / "torchrun"
-DRIVER_SCRIPT = "elastic_driver.py"
+DRIVER_DIR, DRIVER_SCRIPT = drivers.ELASTIC_TORCHRUN_DIR, drivers.ELASTIC_TORCHRUN_SCRIPT
 
 
-class ElasticTorchrun(DistributedConfig):
-    """`torchrun` with a restart budget: `max_restarts` restarts of every rank after a failure.
+def __getattr__(name: str) -> Any:
+    """`ElasticTorchrun` on first use: it subclasses the SDK's `DistributedConfig`, and the SDK takes seconds
+    to import (`workshop.launchers.configs`)."""
+    if name == "ElasticTorchrun":
+        from workshop.launchers.configs import ElasticTorchrun
 
-    `process_count_per_node`: None is one per GPU, as SDK v3's `Torchrun`. `join_timeout_s`: how
-    long the rendezvous waits for every host (torchrun's default, 600 s, when None).
-    """
-
-    process_count_per_node: int | None = None
-    max_restarts: int = 1
-    join_timeout_s: int | None = None
-
-    @property
-    def driver_dir(self) -> str:
-        return str(DRIVER_DIR)
-
-    @property
-    def driver_script(self) -> str:
-        return DRIVER_SCRIPT
+        return ElasticTorchrun
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def smp_settings(hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
@@ -70,12 +57,16 @@ class TorchrunLauncher(LauncherBase):
     def local_config(self, lab: Lab, procs_per_host: int | None, *, max_restarts: int = 0) -> Any:
         from sagemaker.train.distributed import Torchrun
 
+        from workshop.launchers.configs import ElasticTorchrun
+
         if max_restarts:
             return ElasticTorchrun(process_count_per_node=procs_per_host, max_restarts=max_restarts)
         return Torchrun(process_count_per_node=procs_per_host)
 
     def sagemaker_config(self, plan: JobPlan) -> Any:
         from sagemaker.train.distributed import SMP, Torchrun
+
+        from workshop.launchers.configs import ElasticTorchrun
 
         settings = smp_settings(plan.hyperparameters) if self.smp else {}
         if settings and SMP_IMAGE_MARKER not in plan.image_uri:

@@ -89,6 +89,10 @@ session made it, is covered, and a `ThreadedMotoServer` too:
   `AWS::IAM::Role`'s inline `Policies` are kept as JSON text, as IAM keeps every policy document
   (moto keeps CloudFormation's as a Python dict, whose `GetRolePolicy` answer is its `repr`).
 
+- **CloudFormation `AWS::EC2::SubnetRouteTableAssociation`** (`SubnetRouteTableAssociation`). moto
+  records it aside and leaves the route table with no association; CloudFormation associates the
+  subnet with the route table (DescribeRouteTables lists it), and the stack's deletion disassociates it.
+
 `on_stop`: None by default; `tests/fake_sagemaker.py` sets it to a callable(job_name) that
 really stops a job it is running (and returns True: the job is then left `Stopping` for the fake
 to end). `set_training_job_status()` moves a moto job to another status (moto completes every job
@@ -913,11 +917,32 @@ def _notebook_from_cloudformation(cls: Any, resource_name: str, cloudformation_j
         role_arn=properties["RoleArn"], **extra)
 
 
+def _subnet_association_from_cloudformation(cls: Any, resource_name: str, cloudformation_json: Any, account_id: str,
+                                            region_name: str, **kwargs: Any) -> Any:
+    from moto.ec2.models import ec2_backends
+
+    properties = cloudformation_json["Properties"]
+    backend = ec2_backends[account_id][region_name]
+    association = backend.create_subnet_association(route_table_id=properties["RouteTableId"],
+                                                    subnet_id=properties["SubnetId"])
+    association.association_id = backend.associate_route_table(properties["RouteTableId"],
+                                                               subnet_id=properties["SubnetId"])
+    return association
+
+
+def _delete_subnet_association(self: Any, account_id: str, region_name: str) -> None:
+    from moto.ec2.models import ec2_backends
+
+    backend = ec2_backends[account_id][region_name]
+    backend.subnet_associations.pop(f"{self.route_table_id}:{self.subnet_id}", None)
+    if getattr(self, "association_id", None):
+        backend.disassociate_route_table(self.association_id)
+
+
 def _create_stack_resources(self: Any, template: Any) -> Any:
     from moto.cloudformation.parsing import ResourceMap, clean_json
     from moto.ec2.models import ec2_backends
     from moto.ec2.models.core import TaggedEC2Resource
-
     from moto.iam.models import Role
 
     result = _saved[(ResourceMap, "create")](self, template)
@@ -938,6 +963,7 @@ def _create_stack_resources(self: Any, template: Any) -> Any:
 
 def _patches() -> list[tuple[type, str, Any]]:
     from moto.cloudformation.parsing import ResourceMap
+    from moto.ec2.models.subnets import SubnetRouteTableAssociation
     from moto.iam.responses import IamResponse
     from moto.sagemaker.models import FakeSagemakerNotebookInstance
     from moto.sagemaker.responses import SageMakerResponse
@@ -946,6 +972,9 @@ def _patches() -> list[tuple[type, str, Any]]:
         (FakeSagemakerNotebookInstance, "cloudformation_name_type", staticmethod(_notebook_name_property)),
         (FakeSagemakerNotebookInstance, "create_from_cloudformation_json", classmethod(_notebook_from_cloudformation)),
         (ResourceMap, "create", _create_stack_resources),
+        (SubnetRouteTableAssociation, "create_from_cloudformation_json",
+         classmethod(_subnet_association_from_cloudformation)),
+        (SubnetRouteTableAssociation, "delete", _delete_subnet_association),
         (IamResponse, "simulate_principal_policy", _simulate_principal_policy),
         (IamResponse, "simulate_custom_policy", _simulate_custom_policy),
         (SageMakerResponse, "stop_training_job", _stop_training_job),

@@ -106,6 +106,10 @@ def test_the_cli_writes_the_template_and_refuses_what_cloudformation_would(capsy
     assert main(["event", "template", "--attendees", "36", "--repository", REPO, "--with-network"]) == 2
     err = capsys.readouterr().err
     assert "505 resources" in err and "--attendees 35 --first 1" in err and "--first 36" in err
+    # 100 attendees without networks fit in 500 resources but not in CloudFormation's 1 MB.
+    assert main(["event", "template", "--attendees", "100", "--repository", REPO]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "CloudFormation takes at most 1,000,000" in err and "stacks of at most 8" in err
     assert main(["event", "template", "--attendees", "2", "--repository", "git@github.com:o/r.git"]) == 2
     assert "https URL" in capsys.readouterr().err
     assert main(["event", "template", "--attendees", "2", "--repository", REPO, "--name-prefix", "a_b"]) == 2
@@ -194,8 +198,11 @@ def test_the_stacks_network_is_found_by_ensure_network_and_kept_by_the_attendees
         boto: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     deploy(boto, 2, with_network=True)
     on_instance(monkeypatch, tmp_path, "attendee-02")
+    calls = _recorded_calls(monkeypatch)
     net = cloud.ensure_network(boto)
-    assert net.created == []  # every piece found by its tags: nothing created
+    assert net.created == []  # every piece found by its tags: nothing created, associated or authorized
+    assert {op for _, op, _ in calls} <= {"DescribeVpcs", "DescribeSubnets", "DescribeRouteTables",
+                                          "DescribeSecurityGroups", "DescribeVpcEndpoints"}, calls
     assert set(net.interface_endpoint_ids) == set(cloud.INTERFACE_ENDPOINTS) and net.cidr == "10.80.0.0/16"
     ec2 = boto.client("ec2")
     sg = ec2.describe_security_groups(GroupIds=[net.security_group_id])["SecurityGroups"][0]
@@ -336,6 +343,7 @@ def test_the_room_preflight_sums_the_labs_over_attendees_against_the_quotas(
     assert "every attendee runs the same step at the same time" in out
     assert f"30 attendee(s): at most ${30 * per_attendee:,.2f}" in out and "L-G5X --desired-value 120" in out
     assert "is empty: run `python -m workshop event data`" in out
+    assert all("unverified" in price.source for price in cloud.prices.NOTEBOOK_PRICES.values())
 
 
 def test_the_room_preflight_with_networks_counts_the_vpcs_already_there(boto: Any) -> None:
@@ -495,3 +503,94 @@ def test_event_cleanup_deletes_the_stack_when_asked(boto: Any, capsys: pytest.Ca
     assert {s["StackStatus"] for s in stacks if s["StackName"] == "room"} == {"DELETE_COMPLETE"}
     state = _state(boto)
     assert state["notebooks"] == [notebook] and state["roles"] == sorted([role, lookalike])
+
+
+# --------------------------------------------------------------------------- every call an attendee's notebook makes
+
+# IAM's action for an API operation where they differ (S3's reads and writes; the rest are the operation's name).
+S3_ACTIONS = {"HeadObject": "GetObject", "HeadBucket": "ListBucket", "ListObjectsV2": "ListBucket",
+              "ListObjects": "ListBucket", "ListBuckets": "ListAllMyBuckets", "CreateMultipartUpload": "PutObject",
+              "UploadPart": "PutObject", "CompleteMultipartUpload": "PutObject", "DeleteObjects": "DeleteObject"}
+NO_PERMISSION = {("sts", "GetCallerIdentity"), ("sts", "AssumeRole")}  # GetCallerIdentity needs none; AssumeRole is the test's
+
+
+def _recorded_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, dict[str, Any]]]:
+    """Every AWS API call any boto3 client of this process makes from now on: (IAM prefix, operation, params)."""
+    from botocore.client import BaseClient
+
+    calls: list[tuple[str, str, dict[str, Any]]] = []
+    real = BaseClient._make_api_call
+
+    def record(self: Any, operation: str, params: dict[str, Any]) -> Any:
+        prefix = {"monitoring": "cloudwatch"}.get(self.meta.service_model.signing_name, self.meta.service_model.signing_name)
+        calls.append((prefix, operation, dict(params)))
+        return real(self, operation, params)
+
+    monkeypatch.setattr(BaseClient, "_make_api_call", record)
+    return calls
+
+
+def _resource(prefix: str, operation: str, params: dict[str, Any], user: str) -> str | None:
+    """The resource ARN IAM authorizes a call on, where the call names one (None: no resource type, or not derived)."""
+    sagemaker = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}"
+    if prefix == "s3" and "Key" in params:
+        return f"arn:aws:s3:::{params['Bucket']}/{params['Key']}"
+    if prefix == "s3" and "Bucket" in params and operation not in ("HeadBucket", "ListObjectsV2", "ListObjects"):
+        return f"arn:aws:s3:::{params['Bucket']}"
+    if prefix == "sagemaker" and "TrainingJobName" in params:
+        return f"{sagemaker}:training-job/{params['TrainingJobName'].lower()}"
+    if prefix == "sagemaker" and "HyperParameterTuningJobName" in params:
+        return f"{sagemaker}:hyper-parameter-tuning-job/{params['HyperParameterTuningJobName'].lower()}"
+    if prefix == "sagemaker" and "ResourceArn" in params:
+        return params["ResourceArn"]
+    if prefix == "iam" and "RoleName" in params:
+        return f"arn:aws:iam::{ACCOUNT}:role/{params['RoleName']}"
+    if prefix == "iam" and "PolicySourceArn" in params:
+        return params["PolicySourceArn"]
+    return None
+
+
+def test_every_call_the_workshop_makes_from_an_attendees_notebook_is_allowed_by_its_role(
+        boto: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, data_dir: Path) -> None:
+    """A job (in the stack's network), a tuning job and the notebooks' cleanup, run as attendee-01's
+    notebook role on attendee-01's instance: every API call they make is one its policy allows, on
+    the resource the call names (IAM's simulator, `fake_aws_apis`)."""
+    from workshop import runner
+    from workshop.search import Objective, SearchSpace
+
+    deploy(boto, 1, with_network=True)
+    boto.client("s3").create_bucket(Bucket=BUCKET)  # `event data` (or the SDK) makes it
+    notebook_role = boto.client("iam").get_role(RoleName=stack.notebook_role_name("attendee-01"))["Role"]["Arn"]
+    credentials = boto.client("sts").assume_role(RoleArn=notebook_role, RoleSessionName="SageMaker")["Credentials"]
+    for name, key in (("AWS_ACCESS_KEY_ID", "AccessKeyId"), ("AWS_SECRET_ACCESS_KEY", "SecretAccessKey"),
+                      ("AWS_SESSION_TOKEN", "SessionToken")):
+        monkeypatch.setenv(name, credentials[key])
+    on_instance(monkeypatch, tmp_path, "attendee-01")
+    calls = _recorded_calls(monkeypatch)
+    lab = get_lab("data_parallel")
+    hps = {"epochs": 1, "batch-size": 2}
+    runner.run_on_sagemaker(lab, hosts=2, hyperparameters=hps, data_dir=data_dir, region=REGION, network=True,
+                            wait=False, confirm_cost=True)
+    runner.run_on_sagemaker(lab, hosts=1, hyperparameters=hps, data_dir=data_dir, region=REGION, wait=False,
+                            confirm_cost=True, space=SearchSpace.parse(lab, {"lr": [0.01, 0.02]}, fixed=hps),
+                            objective=Objective.parse(lab, None), parallel=2)
+    account.cleanup(show=False)
+    monkeypatch.undo()  # the organizer's credentials again, and boto3 as it was, for the checks below
+
+    policy = stack.notebook_policy(user="attendee-01", notebook_instance="attendee-01", job_keys=list(LABS),
+                                   region=REGION, account=ACCOUNT, partition="aws", bucket=BUCKET)
+    granted = {a for st in policy["Statement"] for a in st["Action"]}
+    made = {(p, op) for p, op, _ in calls if (p, op) not in NO_PERMISSION}
+    actions = {f"{p}:{S3_ACTIONS.get(op, op) if p == 's3' else op}" for p, op in made}
+    assert {"sagemaker:CreateTrainingJob", "sagemaker:CreateHyperParameterTuningJob", "s3:PutObject",
+            "iam:SimulatePrincipalPolicy", "ec2:DescribeVpcEndpoints"} <= actions  # the calls were seen
+    assert actions - granted == set(), "calls the notebook role does not allow"
+    denied = []
+    for prefix, operation, params in calls:
+        if (prefix, operation) in NO_PERMISSION:
+            continue
+        resource = _resource(prefix, operation, params, "attendee-01")
+        action = f"{prefix}:{S3_ACTIONS.get(operation, operation) if prefix == 's3' else operation}"
+        if resource and _decision(boto, notebook_role, action, resource) != "allowed":
+            denied.append((action, resource))
+    assert denied == []

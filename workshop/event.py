@@ -30,7 +30,7 @@ from workshop.cloud.network import network_hourly_usd
 from workshop.cloud.prices import (
     INSTANCE_PRICES,
     NOTEBOOK_PRICES,
-    NOTEBOOK_STORAGE,
+    NOTEBOOK_STORAGE_USD_PER_GB_MONTH,
     PRICE_REGION,
     PRICES_DATE,
 )
@@ -41,6 +41,7 @@ from workshop.cloud.stack import (
     DEFAULT_VOLUME_GB,
     TEMPLATE_BODY_MAX_BYTES,
     attendees,
+    check_size,
     template,
     to_yaml,
 )
@@ -49,6 +50,7 @@ from workshop.labs import LABS, job_keys
 
 SCRIPTS = REPO_ROOT / "scripts" / "notebook-instance"
 DEFAULT_HOURS = 3.0  # a guided workshop: two or three hours
+VPC_QUOTA = "VPCs per Region"  # Service Quotas, service code vpc
 
 
 def say(message: str) -> None:
@@ -122,11 +124,13 @@ class Step:
         price = INSTANCE_PRICES.get(self.instance_type)
         return None if price is None else self.jobs * self.instance_count * price.usd_per_hour * self.max_run_s / 3600
 
-    def describe(self) -> str:
+    def describe(self, rate: float | None = None) -> str:
+        """"6 jobs x 2 x ml.g5.xlarge x 0.5 h, 2 at once", with `rate` "... x $1.408/h x 0.5 h ..."."""
         jobs = f"{self.jobs} jobs" if self.jobs > 1 else "1 job"
         parallel = f", {self.parallel} at once" if self.parallel > 1 else ""
         spot = " spot" if self.spot else ""
-        return f"{jobs} x {self.instance_count} x {self.instance_type}{spot} x {self.max_run_s / 3600:g} h{parallel}"
+        price = f" x ${rate:.3f}/h" if rate is not None else ""
+        return f"{jobs} x {self.instance_count} x {self.instance_type}{spot}{price} x {self.max_run_s / 3600:g} h{parallel}"
 
 
 def lab_steps(region: str) -> list[Step]:
@@ -239,15 +243,15 @@ class EventReport:
             out += [f"  {r}" for r in requests]
         elif self.quota_note:
             out.append("Quotas not checked: run this with credentials that may call servicequotas:ListServiceQuotas.")
-        else:
+        elif all(q.status == "ok" for q in self.quotas):
             out.append("Every quota holds the room.")
         missing = [q.quota for q in self.quotas if q.status == "not offered"]
         if missing:
             out.append(f"Not offered in {self.region} (no quota to raise): {', '.join(missing)}; pick another type or region.")
+        unlisted = [q.quota for q in self.quotas if q.status == "not listed"]
+        if unlisted:
+            out.append(f"Not listed by Service Quotas here (look in its console): {', '.join(unlisted)}.")
         return out
-
-
-VPC_QUOTA = "VPCs per Region"
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -299,18 +303,17 @@ def check_quota_rows(rows: list[QuotaRow], sagemaker: dict[str, Any], vpc: dict[
 def cost_lines(steps: list[Step], hours: float, notebook_type: str, volume_gb: int, with_network: bool) -> list[CostLine]:
     notebook = NOTEBOOK_PRICES.get(notebook_type)
     out = [
-        CostLine(f"notebook instance {notebook_type}", f"{hours:g} h" + (f" x ${notebook.usd_per_hour:.3f}/h" if notebook else ""),
+        CostLine(f"notebook instance {notebook_type}", (f"${notebook.usd_per_hour:.3f}/h x " if notebook else "") + f"{hours:g} h",
                  None if notebook is None else notebook.usd_per_hour * hours),
-        CostLine("its ML storage volume", f"{volume_gb} GB x {hours:g} h x ${NOTEBOOK_STORAGE.usd_per_hour:.2f}/GB-month",
-                 volume_gb * NOTEBOOK_STORAGE.usd_per_hour * hours / 730),  # 730 h in a month, as AWS bills it
+        CostLine("its ML storage volume", f"{volume_gb} GB x ${NOTEBOOK_STORAGE_USD_PER_GB_MONTH:.2f}/GB-month x {hours:g} h",
+                 volume_gb * NOTEBOOK_STORAGE_USD_PER_GB_MONTH * hours / 730),  # 730 h in a month, as AWS bills it
     ]
     if with_network:
         hourly = network_hourly_usd("endpoints")
-        out.append(CostLine("its workshop network (interface endpoints)", f"{hours:g} h x ${hourly:.3f}/h", hourly * hours))
-    price = {s.instance_type: INSTANCE_PRICES.get(s.instance_type) for s in steps}
+        out.append(CostLine("its workshop network (interface endpoints)", f"${hourly:.3f}/h x {hours:g} h", hourly * hours))
     for step in steps:
-        rate = f" x ${price[step.instance_type].usd_per_hour:.3f}/h" if price[step.instance_type] else ""
-        out.append(CostLine(step.where, step.describe() + rate, step.bound_usd()))
+        price = INSTANCE_PRICES.get(step.instance_type)
+        out.append(CostLine(step.where, step.describe(price.usd_per_hour if price else None), step.bound_usd()))
     return out
 
 
@@ -531,6 +534,7 @@ def run(args: argparse.Namespace) -> int:
                                   volume_gb=args.volume_gb, platform=args.platform, with_network=args.with_network,
                                   wheelhouse=args.wheelhouse)
         text = json.dumps(document, indent=1) + "\n" if args.format == "json" else to_yaml(document)
+        check_size(text, args.attendees)
         sys.stdout.write(text)
         size = len(text.encode())
         where = ("over CloudFormation's 51,200 bytes for a template passed inline: deploy it from S3, e.g. "

@@ -66,8 +66,9 @@ NOTEBOOK_PRICES: dict[str, Price] = {
 }
 
 
-# A notebook instance's ML storage volume, USD per GB-month (billed while the instance exists).
-NOTEBOOK_STORAGE = Price(0.14, _SECONDARY + "per GB-month of ML storage, one table")
+# A notebook instance's ML storage volume, USD per GB-month (billed while the instance exists; a month
+# is 730 hours), unverified: the value public SageMaker cost tables publish, one table.
+NOTEBOOK_STORAGE_USD_PER_GB_MONTH = 0.14
 
 
 # Measured SageMaker billable seconds per lab (none measured yet: no account here).

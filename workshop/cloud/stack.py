@@ -44,6 +44,7 @@ MAX_OUTPUTS = 200
 LIFECYCLE_MAX_CHARS = 16384
 # A template larger than this must be deployed from S3 (`aws cloudformation deploy --s3-bucket ...`).
 TEMPLATE_BODY_MAX_BYTES = 51200
+TEMPLATE_MAX_BYTES = 1_000_000  # from S3
 
 DEFAULT_PLATFORM = "notebook-al2023-v1"  # Amazon Linux 2023, JupyterLab 4: the platform's current default
 DEFAULT_NOTEBOOK_TYPE = "ml.t3.medium"  # 2 vCPUs, 4 GiB: `python -m workshop run all` peaks at 2.8 GiB
@@ -404,6 +405,18 @@ def template(
         "Resources": resources,
         "Outputs": outputs,
     }
+
+
+def check_size(text: str, people: int) -> None:
+    """Refuse a template over CloudFormation's 1 MB (from S3), naming how many attendees fit a stack."""
+    size = len(text.encode())
+    if size > TEMPLATE_MAX_BYTES:
+        fits = people * TEMPLATE_MAX_BYTES // size
+        raise WorkshopError(
+            f"The template for {people} attendees is {size:,} bytes; CloudFormation takes at most {TEMPLATE_MAX_BYTES:,}.",
+            f"split the room into stacks of at most {fits} attendees: e.g. --attendees {fits} --first 1, then "
+            f"--attendees {fits} --first {fits + 1}, each its own stack.",
+        )
 
 
 def to_yaml(document: Mapping[str, Any]) -> str:

@@ -184,6 +184,20 @@ def test_the_stack_makes_what_the_workshop_looks_for_on_each_notebook_instance(
     assert len(iam.list_roles()["Roles"]) == 6 and len(document["Outputs"]) == 3
 
 
+def test_a_room_of_30_deploys_30_instances_and_30_execution_roles_with_the_workshops_policy(boto: Any) -> None:
+    deploy(boto, 30)
+    sm, iam = boto.client("sagemaker"), boto.client("iam")
+    names = sorted(n["NotebookInstanceName"] for n in sm.list_notebook_instances(MaxResults=100)["NotebookInstances"])
+    assert names == [f"attendee-{i:02d}" for i in range(1, 31)]
+    for name in names:
+        nb = sm.describe_notebook_instance(NotebookInstanceName=name)
+        assert tags_of(sm.list_tags(ResourceArn=nb["NotebookInstanceArn"])["Tags"])["workshop-user"] == name
+        assert nb["RoleArn"].endswith(f"role/{stack.notebook_role_name(name)}")
+        policy = iam.get_role_policy(RoleName=cloud.role_name(name), PolicyName="workshop-training")["PolicyDocument"]
+        assert policy == account.role_policy(region=REGION, account=ACCOUNT, bucket=BUCKET, user=name, key_prefix="")
+    assert len(boto.client("cloudformation").describe_stacks(StackName="room")["Stacks"][0]["Outputs"]) == 30
+
+
 def test_a_long_instance_name_gets_the_users_hashed_name_everywhere(boto: Any, monkeypatch: pytest.MonkeyPatch,
                                                                     tmp_path: Path) -> None:
     deploy(boto, 1, name_prefix="workshop-participant")

@@ -508,13 +508,19 @@ def test_event_cleanup_lists_first_refuses_unconfirmed_then_deletes_only_the_wor
     assert event.cleanup(boto, confirm=True, show=False) == []  # again: nothing to do
 
 
-def test_event_cleanup_deletes_the_stack_when_asked(boto: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    deploy(boto, 2)
+@pytest.mark.parametrize("with_network", [False, True])
+def test_event_cleanup_deletes_the_stack_when_asked(boto: Any, capsys: pytest.CaptureFixture[str], with_network: bool) -> None:
+    deploy(boto, 2, with_network=with_network)
     notebook, role, lookalike = _untagged_things(boto)
     assert main(["event", "cleanup", "--stack", "room", "--yes"]) == 0
-    assert "deleted stack room" in capsys.readouterr().out
-    stacks = boto.client("cloudformation").list_stacks()["StackSummaries"]
-    assert {s["StackStatus"] for s in stacks if s["StackName"] == "room"} == {"DELETE_COMPLETE"}
+    out = capsys.readouterr().out
+    assert "deleted stack room" in out
+    if with_network:
+        # moto's CloudFormation deletes no VPC endpoint, so its DeleteStack fails on the VPCs (DependencyViolation).
+        # CloudFormation deletes them, but fails the same way on a VPC that still holds a stopped job's network
+        # interfaces: either way what is left goes by its tags (with retries), then the stack is deleted again.
+        assert "could not be deleted yet" in out and "deleted network of attendee-02" in out
+    assert sweep.inventory(boto, stack="room").empty  # the stack too
     state = _state(boto)
     assert state["notebooks"] == [notebook] and state["roles"] == sorted([role, lookalike])
 

@@ -235,10 +235,19 @@ def teardown(session: Any, found: Inventory, *, timeout_s: float = STACK_TIMEOUT
             if _tolerate(lambda j=job: sm.stop_training_job(TrainingJobName=j.name),
                          "ValidationException", "ResourceNotFound"):
                 did(f"stopped training job {job.name} ({job.user})")
+        stack_left = None
         if found.stack:
-            say(f"deleting the stack {found.stack.name} (it stops and deletes its notebook instances: minutes)")
-            _delete_stack(boto.client("cloudformation"), found.stack.name, timeout_s, poll_s)
-            did(f"deleted stack {found.stack.name}")
+            name = found.stack.name
+            say(f"deleting the stack {name} (it stops and deletes its notebook instances: minutes)")
+            try:
+                _delete_stack(boto.client("cloudformation"), name, timeout_s, poll_s)
+                did(f"deleted stack {name}")
+            except (ClientError, WorkshopError) as exc:
+                # E.g. a VPC that still holds a stopped job's network interfaces: what is left is
+                # deleted by its tags below (with retries while AWS releases them), then the stack again.
+                say(f"the stack {name} could not be deleted yet ({getattr(exc, 'message', exc)}); deleting what "
+                    "is left by its tags, then the stack again")
+                stack_left = name
             found = inventory(boto)  # what the stack did not make (or could not delete) is still there
         for nb in found.notebooks:
             if _delete_notebook(sm, nb.name, min(timeout_s, NOTEBOOK_TIMEOUT_S), poll_s):
@@ -254,6 +263,9 @@ def teardown(session: Any, found: Inventory, *, timeout_s: float = STACK_TIMEOUT
             if _tolerate(lambda c=config: sm.delete_notebook_instance_lifecycle_config(
                     NotebookInstanceLifecycleConfigName=c.name), "ValidationException"):
                 did(f"deleted lifecycle configuration {config.name}")
+        if stack_left:
+            _delete_stack(boto.client("cloudformation"), stack_left, timeout_s, poll_s)
+            did(f"deleted stack {stack_left}")
     except (BotoCoreError, ClientError) as exc:
         raise aws_error(f"The room's cleanup stopped (done so far: {len(done)} step(s)); run it again to go on", exc) from None
     return done

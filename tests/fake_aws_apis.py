@@ -74,6 +74,25 @@ session made it, is covered, and a `ThreadedMotoServer` too:
   `launching` while it does) ends it. Any other status: `ValidationException` "The request was
   rejected because the tuning job is in status Completed." (StopTrainingJob's wording).
 
+- **CloudFormation `AWS::SageMaker::NotebookInstance` as CloudFormation creates it**
+  (`FakeSagemakerNotebookInstance`). moto names the instance `<stack>-<logical id>-<random>` and
+  keeps only `InstanceType` and `RoleArn`; CloudFormation uses `NotebookInstanceName` and every
+  other property. Here the instance gets its name, `Tags`, `VolumeSizeInGB`, `LifecycleConfigName`,
+  `DefaultCodeRepository`, `AdditionalCodeRepositories`, `DirectInternetAccess`, `RootAccess`,
+  `SubnetId` and `SecurityGroupIds` (moto's own `CreateNotebookInstance` checks them); moto has no
+  field for `PlatformIdentifier`, which is not kept.
+
+- **CloudFormation tags on EC2 resources** (`ResourceMap.create`). moto's CloudFormation tags every
+  EC2 resource with the stack's `aws:cloudformation:*` tags but drops some resources' own `Tags`
+  property (`AWS::EC2::VPCEndpoint`'s); CloudFormation applies them. Here each EC2 resource of a new
+  stack gets its `Tags`, with their intrinsic functions (`Ref: AWS::StackName`) resolved. And an
+  `AWS::IAM::Role`'s inline `Policies` are kept as JSON text, as IAM keeps every policy document
+  (moto keeps CloudFormation's as a Python dict, whose `GetRolePolicy` answer is its `repr`).
+
+- **CloudFormation `AWS::EC2::SubnetRouteTableAssociation`** (`SubnetRouteTableAssociation`). moto
+  records it aside and leaves the route table with no association; CloudFormation associates the
+  subnet with the route table (DescribeRouteTables lists it), and the stack's deletion disassociates it.
+
 `on_stop`: None by default; `tests/fake_sagemaker.py` sets it to a callable(job_name) that
 really stops a job it is running (and returns True: the job is then left `Stopping` for the fake
 to end). `set_training_job_status()` moves a moto job to another status (moto completes every job
@@ -872,14 +891,90 @@ def _stop_hyper_parameter_tuning_job(self: Any) -> Any:
     return EmptyResult()
 
 
+# --------------------------------------------------------------------------- CloudFormation
+
+
+_NOTEBOOK_PROPERTIES = {  # CloudFormation property -> moto's create_notebook_instance argument
+    "Tags": "tags", "VolumeSizeInGB": "volume_size_in_gb", "LifecycleConfigName": "lifecycle_config_name",
+    "DefaultCodeRepository": "default_code_repository", "AdditionalCodeRepositories": "additional_code_repositories",
+    "DirectInternetAccess": "direct_internet_access", "RootAccess": "root_access", "SubnetId": "subnet_id",
+    "SecurityGroupIds": "security_group_ids", "KmsKeyId": "kms_key_id",
+}
+
+
+def _notebook_name_property() -> str:
+    return "NotebookInstanceName"
+
+
+def _notebook_from_cloudformation(cls: Any, resource_name: str, cloudformation_json: Any, account_id: str,
+                                  region_name: str, **kwargs: Any) -> Any:
+    from moto.sagemaker.models import sagemaker_backends
+
+    properties = cloudformation_json["Properties"]
+    extra = {arg: properties[prop] for prop, arg in _NOTEBOOK_PROPERTIES.items() if prop in properties}
+    return sagemaker_backends[account_id][region_name].create_notebook_instance(
+        notebook_instance_name=resource_name, instance_type=properties["InstanceType"],
+        role_arn=properties["RoleArn"], **extra)
+
+
+def _subnet_association_from_cloudformation(cls: Any, resource_name: str, cloudformation_json: Any, account_id: str,
+                                            region_name: str, **kwargs: Any) -> Any:
+    from moto.ec2.models import ec2_backends
+
+    properties = cloudformation_json["Properties"]
+    backend = ec2_backends[account_id][region_name]
+    association = backend.create_subnet_association(route_table_id=properties["RouteTableId"],
+                                                    subnet_id=properties["SubnetId"])
+    association.association_id = backend.associate_route_table(properties["RouteTableId"],
+                                                               subnet_id=properties["SubnetId"])
+    return association
+
+
+def _delete_subnet_association(self: Any, account_id: str, region_name: str) -> None:
+    from moto.ec2.models import ec2_backends
+
+    backend = ec2_backends[account_id][region_name]
+    backend.subnet_associations.pop(f"{self.route_table_id}:{self.subnet_id}", None)
+    if getattr(self, "association_id", None):
+        backend.disassociate_route_table(self.association_id)
+
+
+def _create_stack_resources(self: Any, template: Any) -> Any:
+    from moto.cloudformation.parsing import ResourceMap, clean_json
+    from moto.ec2.models import ec2_backends
+    from moto.ec2.models.core import TaggedEC2Resource
+    from moto.iam.models import Role
+
+    result = _saved[(ResourceMap, "create")](self, template)
+    backend = ec2_backends[self._account_id][self._region_name]
+    for logical, resource_json in template["Resources"].items():
+        tags = (resource_json.get("Properties") or {}).get("Tags")
+        instance = self[logical]
+        if isinstance(instance, Role):
+            instance.policies = {k: v if isinstance(v, str) else json.dumps(v) for k, v in instance.policies.items()}
+        elif tags and isinstance(instance, TaggedEC2Resource):
+            resolved = clean_json(tags, self)
+            backend.create_tags([instance.physical_resource_id], {t["Key"]: t["Value"] for t in resolved})
+    return result
+
+
 # --------------------------------------------------------------------------- install
 
 
-def _patches() -> list[tuple[type, str, Callable[..., Any]]]:
+def _patches() -> list[tuple[type, str, Any]]:
+    from moto.cloudformation.parsing import ResourceMap
+    from moto.ec2.models.subnets import SubnetRouteTableAssociation
     from moto.iam.responses import IamResponse
+    from moto.sagemaker.models import FakeSagemakerNotebookInstance
     from moto.sagemaker.responses import SageMakerResponse
 
     return [
+        (FakeSagemakerNotebookInstance, "cloudformation_name_type", staticmethod(_notebook_name_property)),
+        (FakeSagemakerNotebookInstance, "create_from_cloudformation_json", classmethod(_notebook_from_cloudformation)),
+        (ResourceMap, "create", _create_stack_resources),
+        (SubnetRouteTableAssociation, "create_from_cloudformation_json",
+         classmethod(_subnet_association_from_cloudformation)),
+        (SubnetRouteTableAssociation, "delete", _delete_subnet_association),
         (IamResponse, "simulate_principal_policy", _simulate_principal_policy),
         (IamResponse, "simulate_custom_policy", _simulate_custom_policy),
         (SageMakerResponse, "stop_training_job", _stop_training_job),

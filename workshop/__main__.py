@@ -14,6 +14,7 @@
     python -m workshop network [--nat] [--show] [--cidr CIDR] [--yes]   # the workshop VPC (create/reuse)
     python -m workshop role                                     # the workshop's execution role
     python -m workshop cleanup [--delete-s3]                    # stop jobs, delete network/role
+    python -m workshop event template|preflight|data|cleanup ... # an organizer's room (workshop.event)
 
 `run all` in local mode is the workshop's main job (`make workshop`). Whatever costs money (a
 SageMaker job or tuning job, the workshop network) prints its cost bound first and starts only
@@ -167,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     clean = sub.add_parser("cleanup", help="stop your running workshop jobs, delete your workshop network and role")
     clean.add_argument("--delete-s3", action="store_true", help="also delete your workshop objects in S3")
     clean.add_argument("--region", default=None)
+    from workshop.event import add_parser as add_event_parser
+
+    add_event_parser(sub)
     return parser
 
 
@@ -374,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command in ("network", "role", "cleanup"):
             return run_infra(args)
+        if args.command == "event":
+            from workshop.event import run as run_event
+
+            return run_event(args)
         hps = parse_hp(args.hp)
         if getattr(args, "fault", None):
             if "fault" in hps:

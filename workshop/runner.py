@@ -23,6 +23,7 @@ from workshop.cloud.cost import Confirm, require_confirmation
 from workshop.cloud.network import ensure_network
 from workshop.cloud.preflight import preflight
 from workshop.cloud.role import resolve_role, role_name
+from workshop.cloud.room import ROOM_USER, room_channel_uris
 from workshop.errors import WorkshopError
 from workshop.jobs import (
     DryRunRequest,
@@ -245,7 +246,14 @@ def run_on_sagemaker(
 
     say(f"step 4/5: uploading the {data.name} channels (unchanged files are skipped)")
     bucket = aws.default_bucket(session)
-    inputs = dict(data.upload(channels, bucket, boto, key_prefix=aws.sdk_key_prefix(session)))
+    key_prefix = aws.sdk_key_prefix(session)
+    # An event's room: the organizer's copy when it holds exactly these channels (workshop.cloud.room).
+    inputs = room_channel_uris(boto, bucket, data.s3_prefix(ROOM_USER, key_prefix), channels.dirs)
+    if inputs:
+        say("using the room's copy (uploaded once by the event's organizer): "
+            + ", ".join(f"{c}={u}" for c, u in inputs.items()))
+    else:
+        inputs = dict(data.upload(channels, bucket, boto, key_prefix=key_prefix))
     inputs.update(plan.extra_inputs)  # the launcher's channels (lab 2: `horovod`, its wheels)
 
     if tuning is None:

@@ -108,6 +108,23 @@ class SageMakerDefaults:
 
 
 @dataclass(frozen=True)
+class NotebookJobs:
+    """Training jobs one of the lab's notebooks starts in sagemaker mode, for planning a room of
+    attendees (`python -m workshop event preflight`: quotas and the cost bound): `jobs` jobs of
+    `instance_count` instances of the route's type, each stopped after `max_run_s`, at most
+    `parallel` at once (a search's trials; otherwise one after another). A lab that lists none
+    starts its default route's one job."""
+
+    notebook: str  # the notebook's file name, in the lab's folder
+    instance_count: int
+    max_run_s: int
+    jobs: int = 1
+    parallel: int = 1
+    spot: bool = False  # managed spot training: quotas of its own, billed at most on-demand
+    route: str | None = None  # None: the lab's default route
+
+
+@dataclass(frozen=True)
 class Lab:
     key: str  # short name used on the command line
     folder: str  # top-level folder, e.g. "3_data_parallel" (absolute: a folder elsewhere)
@@ -137,6 +154,8 @@ class Lab:
     # changes (e.g. one epoch, no mid-epoch checkpoints). None: the script cannot be profiled.
     profile_flag: str | None = None
     profile_hyperparameters: dict[str, Any] = field(default_factory=dict)
+    # What the lab's notebooks start on SageMaker, when more than the default route's one job.
+    notebook_jobs: tuple[NotebookJobs, ...] = ()
     aliases: tuple[str, ...] = ()
     # Names that select this lab together with its siblings in the same folder (lab 2 has a
     # PyTorch and a TensorFlow script): `python -m workshop run 2_horovod` runs both.

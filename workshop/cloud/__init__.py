@@ -15,6 +15,9 @@ testable under moto (`tests/test_infra.py`).
 - `preflight`: permissions, the Service Quotas value and the cost, before anything is created.
 - `cleanup`: stop the user's jobs, delete the network, the role and (opt-in) S3 objects.
 - `common`: tags, polling and error wording shared by the above.
+- for an organizer's room (`workshop.event`): `stack` (the CloudFormation template for N attendees),
+  `quotas` (SageMaker's Service Quotas by name), `room` (the labs' data in S3 once, for every
+  attendee), `sweep` (everything tagged by the workshop, whoever's: listed, then deleted).
 
 Every resource is tagged `workshop=distributed-training-workshop` and
 `workshop-user=<workshop.cloud.aws.user_prefix()>`, the same tags the SageMaker jobs carry.

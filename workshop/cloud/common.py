@@ -18,6 +18,11 @@ TAG_USER = "workshop-user"
 TAG_RESOURCE = "workshop-resource"  # which piece of the network: "vpc", "private-subnet", ...
 
 
+# On what an event's CloudFormation stack made for an attendee (its role, its network): the stack's
+# name. The attendee's own cleanup leaves those to the stack and the organizer (`event cleanup`).
+TAG_STACK = "workshop-stack"
+
+
 POLL_S = 5.0
 
 

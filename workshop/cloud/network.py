@@ -23,9 +23,11 @@ from typing import Any
 from workshop.cloud import aws
 from workshop.cloud.common import (
     POLL_S,
+    TAG_STACK,
     aws_error,
     code_of,
     poll,
+    say,
     tag_spec,
     user_filters,
 )
@@ -400,10 +402,11 @@ def _retry_dependency(call: Callable[[], Any], what: str, timeout_s: float, poll
 
 
 def delete_network(session: Any = None, *, user: str | None = None, timeout_s: float = NETWORK_TIMEOUT_S,
-                   poll_s: float = POLL_S) -> list[str]:
+                   poll_s: float = POLL_S, include_stack: bool = False) -> list[str]:
     """Delete every workshop network resource of this user, in dependency order; returns their ids.
 
-    Safe to run twice: the second run finds nothing and returns [].
+    Safe to run twice: the second run finds nothing and returns []. A VPC an event's stack made
+    (tagged `TAG_STACK`) is left to the stack and its organizer unless `include_stack`.
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -414,6 +417,11 @@ def delete_network(session: Any = None, *, user: str | None = None, timeout_s: f
     try:
         vpcs = ec2.describe_vpcs(Filters=user_filters(user))["Vpcs"]
         for vpc in vpcs:
+            stack = {t["Key"]: t["Value"] for t in vpc.get("Tags", [])}.get(TAG_STACK)
+            if stack and not include_stack:
+                say(f"network {vpc['VpcId']}: kept, made by the event's stack {stack} (the organizer's "
+                    "`python -m workshop event cleanup` deletes it)")
+                continue
             vpc_id = vpc["VpcId"]
             in_vpc = in_vpc_filter(vpc_id)
             endpoints = [e["VpcEndpointId"] for e in ec2.describe_vpc_endpoints(Filters=in_vpc)["VpcEndpoints"]

@@ -10,7 +10,12 @@ from typing import Any
 from workshop.cloud import aws
 from workshop.cloud.common import TAG_USER, code_of, say
 from workshop.cloud.cost import CostEstimate, estimate_cost
-from workshop.cloud.network import DEFAULT_CIDR, INTERFACE_ENDPOINTS, network_hourly_usd
+from workshop.cloud.network import (
+    DEFAULT_CIDR,
+    INTERFACE_ENDPOINTS,
+    find_network,
+    network_hourly_usd,
+)
 from workshop.cloud.prices import INSTANCE_PRICES
 from workshop.cloud.role import role_name, sdk_session
 from workshop.errors import WorkshopError
@@ -194,6 +199,15 @@ def check_quota(sq: Any, instance_type: str, count: int, region: str,
     )
 
 
+def _network_exists(boto: Any) -> bool:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return find_network(boto) is not None
+    except (BotoCoreError, ClientError, WorkshopError):
+        return False  # not readable, or not one network: checked as if it were to be created
+
+
 @dataclass
 class PreflightReport:
     identity: str | None
@@ -232,7 +246,11 @@ def preflight(
                                    base_job_name=plan.base_job_name, bucket=aws.sdk_bucket(sm_session),
                                    key_prefix=aws.sdk_key_prefix(sm_session))
     if network_egress:
-        checks.append((NETWORK_ACTIONS + (NAT_ACTIONS if network_egress == "nat" else ()), None))
+        # A network that exists (the user's, or the one an event's stack made for them) is reused:
+        # creating it needs no permission then, only a NAT gateway still to be added does.
+        needed = (() if _network_exists(boto) else NETWORK_ACTIONS) + (NAT_ACTIONS if network_egress == "nat" else ())
+        if needed:
+            checks.append((needed, None))
     if creating_role:
         checks.append((ROLE_ACTIONS, f"arn:{partition}:iam::{account}:role/{role_name()}"))
     if tuning is not None:

@@ -55,5 +55,21 @@ NETWORK_PRICES: dict[str, Price] = {
 }
 
 
+# SageMaker *notebook instance* on-demand prices, USD per instance-hour (a room's attendees each run
+# one for the event's hours; `python -m workshop event preflight`). Same caveat as above.
+NOTEBOOK_PRICES: dict[str, Price] = {
+    "ml.t3.medium": Price(0.05, _SECONDARY + "two tables agree (0.05)"),
+    "ml.t3.large": Price(0.10, _SECONDARY + "two tables agree (0.10)"),
+    "ml.t3.xlarge": Price(0.20, _SECONDARY + "one table"),
+    "ml.m5.xlarge": Price(0.23, _SECONDARY + "one table"),
+    "ml.c5.xlarge": Price(0.204, _SECONDARY + "one table"),
+}
+
+
+# A notebook instance's ML storage volume, USD per GB-month (billed while the instance exists; a month
+# is 730 hours), unverified: the value public SageMaker cost tables publish, one table.
+NOTEBOOK_STORAGE_USD_PER_GB_MONTH = 0.14
+
+
 # Measured SageMaker billable seconds per lab (none measured yet: no account here).
 TYPICAL_RUN_S: dict[str, int] = {}

@@ -8,12 +8,14 @@ the jobs' files, which SDK v3 keys by base job name. The base job names are give
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from workshop.cloud import aws
-from workshop.cloud.common import TAG_WORKSHOP, aws_error, code_of, say, workshop_tags
+from workshop.cloud.common import TAG_STACK, TAG_WORKSHOP, aws_error, code_of, say, workshop_tags
+from workshop.cloud.room import room_prefix
 from workshop.errors import WorkshopError
 
 
@@ -52,9 +54,11 @@ def role_policy(*, region: str, account: str, bucket: str, job_keys: Sequence[st
     cloudwatch:PutMetricData, ec2:Describe*-style reads and the network-interface calls a VPC
     job's ENIs need), each named explicitly. S3: the user's prefixes (`s3_prefixes`, after
     `key_prefix`) in `bucket`, which must be where the SDK will put the job's files
-    (`aws.sdk_bucket`, `aws.sdk_key_prefix`)."""
+    (`aws.sdk_bucket`, `aws.sdk_key_prefix`); and, to read only, the room's shared data
+    (`workshop.cloud.room`), which an event's organizer uploads once for every attendee."""
     user = user or aws.user_prefix()
     prefixes = s3_prefixes(job_keys, user, key_prefix)
+    room = room_prefix(key_prefix)
     bucket_arn = f"arn:{partition}:s3:::{bucket}"
     log_group = f"arn:{partition}:logs:{region}:{account}:log-group:/aws/sagemaker/TrainingJobs"
     return {
@@ -67,11 +71,17 @@ def role_policy(*, region: str, account: str, bucket: str, job_keys: Sequence[st
                 "Resource": [f"{bucket_arn}/{p}*" for p in prefixes],
             },
             {
+                "Sid": "RoomData",
+                "Effect": "Allow",
+                "Action": ["s3:GetObject"],
+                "Resource": [f"{bucket_arn}/{room}*"],
+            },
+            {
                 "Sid": "WorkshopListing",
                 "Effect": "Allow",
                 "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
                 "Resource": [bucket_arn],
-                "Condition": {"StringLike": {"s3:prefix": [f"{p}*" for p in prefixes] + [""]}},
+                "Condition": {"StringLike": {"s3:prefix": [f"{p}*" for p in [*prefixes, room]] + [""]}},
             },
             {
                 "Sid": "PullTrainingImages",
@@ -186,6 +196,8 @@ def ensure_role(session: Any = None, *, job_keys: Sequence[str], user: str | Non
             if tags.get(TAG_WORKSHOP) != aws.WORKSHOP_NAME:
                 raise WorkshopError(f"IAM role {name} exists but was not created by the workshop.",
                                     f"pass role='{role['Arn']}' to use it as is, or set WORKSHOP_USER to another name.")
+            if tags.get(TAG_STACK):  # an event's stack made it with this policy; attendees may not rewrite it
+                return RoleInfo(arn=role["Arn"], name=name, created=False)
         except ClientError as exc:
             if code_of(exc) != "NoSuchEntity":
                 raise
@@ -204,9 +216,34 @@ def ensure_role(session: Any = None, *, job_keys: Sequence[str], user: str | Non
     return RoleInfo(arn=role["Arn"], name=name, created=created)
 
 
+def stack_role(session: Any = None, user: str | None = None) -> str | None:
+    """The ARN of the execution role an event's CloudFormation stack made for this user (the workshop's
+    role, tagged with the stack's name), or None (no such role, or no permission to read it)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    iam = aws.as_boto_session(session).client("iam")
+    name = role_name(user)
+    try:
+        tags = {t["Key"]: t["Value"] for t in iam.list_role_tags(RoleName=name).get("Tags", [])}
+        if tags.get(TAG_WORKSHOP) != aws.WORKSHOP_NAME or not tags.get(TAG_STACK):
+            return None
+        return iam.get_role(RoleName=name)["Role"]["Arn"]
+    except (BotoCoreError, ClientError):
+        return None
+
+
 def resolve_role(role: str | None = None, session: Any = None) -> str:
     """`workshop.aws.resolve_role`, then (off SageMaker, with no role given) this user's
-    workshop role if it exists, instead of failing like the SDK's `get_execution_role()`."""
+    workshop role if it exists, instead of failing like the SDK's `get_execution_role()`.
+
+    On SageMaker with no role given, an event's attendee gets the execution role the event's stack
+    made for them (`stack_role`), not their notebook's own role: the notebook's role may start and
+    follow their jobs, the execution role is what the jobs themselves may do."""
+    if not role and not os.environ.get(aws.ROLE_ENV, "").strip() and aws.on_sagemaker():
+        arn = stack_role(session)
+        if arn:
+            say(f"using {arn}, the execution role the event's stack made for you")
+            return arn
     try:
         return aws.resolve_role(role, session)
     except WorkshopError as exc:
@@ -226,8 +263,9 @@ def resolve_role(role: str | None = None, session: Any = None) -> str:
         return arn
 
 
-def delete_role(session: Any = None, *, user: str | None = None) -> list[str]:
-    """Delete this user's workshop role if the workshop created it (tagged); [] otherwise."""
+def delete_role(session: Any = None, *, user: str | None = None, include_stack: bool = False) -> list[str]:
+    """Delete this user's workshop role if the workshop created it (tagged); [] otherwise. A role an
+    event's stack made (`TAG_STACK`) is left to the stack and its organizer unless `include_stack`."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     iam = aws.as_boto_session(session).client("iam")
@@ -240,6 +278,10 @@ def delete_role(session: Any = None, *, user: str | None = None) -> list[str]:
                 return []
             raise
         if tags.get(TAG_WORKSHOP) != aws.WORKSHOP_NAME:
+            return []
+        if tags.get(TAG_STACK) and not include_stack:
+            say(f"role {name}: kept, made by the event's stack {tags[TAG_STACK]} (the organizer's "
+                "`python -m workshop event cleanup` deletes it)")
             return []
         for policy in iam.list_role_policies(RoleName=name)["PolicyNames"]:
             iam.delete_role_policy(RoleName=name, PolicyName=policy)

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from workshop.jobs import JobPlan, LauncherNotSupported, PrepStep
 from workshop.spec import Lab
+
+
+@dataclass(frozen=True)
+class SetupJob:
+    """A one-time job `prepare` runs before a user's first job when its result is not in their S3
+    prefix yet (e.g. lab 2's Horovod build), for planning a room's cost (`workshop.event`)."""
+
+    identity: str  # the same identity, the same job: it runs once per user (e.g. one build per image)
+    what: str
+    instance_type: str
+    instance_count: int
+    max_run_s: int
 
 
 class LauncherBase:
@@ -34,6 +47,10 @@ class LauncherBase:
 
     def prepare(self, plan: JobPlan, bucket: str, boto: Any) -> tuple[JobPlan, list[PrepStep]]:
         return plan, []
+
+    def setup_jobs(self, plan: JobPlan) -> list[SetupJob]:
+        """The one-time jobs `prepare` would run first for a user who has none of their results yet."""
+        return []
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

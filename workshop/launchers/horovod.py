@@ -40,7 +40,7 @@ from workshop.cloud.prices import INSTANCE_PRICES
 from workshop.errors import WorkshopError
 from workshop.jobs import SOURCE_IGNORE_PATTERNS, JobPlan, PrepStep, is_gpu_instance, submit
 from workshop.launchers import drivers
-from workshop.launchers.base import LauncherBase
+from workshop.launchers.base import LauncherBase, SetupJob
 from workshop.spec import Lab, load_module
 
 if TYPE_CHECKING:
@@ -377,3 +377,10 @@ class HorovodLauncher(LauncherBase):
 
     def prepare(self, plan: JobPlan, bucket: str, boto: Any) -> tuple[JobPlan, list[PrepStep]]:
         return prepare_plan(plan, bucket, boto)
+
+    def setup_jobs(self, plan: JobPlan) -> list[SetupJob]:
+        """The build job `prepare_plan` runs once per image for a user with no wheel for it yet."""
+        if plan.custom_image:
+            return []
+        return [SetupJob(identity=f"horovod-build:{plan.image_uri}", what=f"the one-time Horovod build job ({image_key(plan.image_uri)})",
+                         instance_type=plan.instance_type, instance_count=1, max_run_s=BUILD_MAX_RUN_S)]

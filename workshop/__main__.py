@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from typing import Any
 
 from workshop.errors import WorkshopError
 from workshop.labs import LABS, Lab, get_labs
+from workshop.runtime.processes import Terminated, sigterm_as_interrupt
 
 
 def parse_hp(items: list[str]) -> dict[str, Any]:
@@ -364,6 +366,12 @@ def run_many(labs: list[Lab], args: argparse.Namespace, hps: dict[str, Any]) -> 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # SIGTERM (`kill`, `timeout`, a cancelled CI job) stops what the command started as Ctrl-C does.
+    with sigterm_as_interrupt():
+        return _command(args)
+
+
+def _command(args: argparse.Namespace) -> int:
     try:
         if args.command == "labs":
             for lab in LABS.values():
@@ -414,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
     except WorkshopError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("Stopped by SIGTERM; every process the workshop started has been stopped.", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("Interrupted; every process the workshop started has been stopped.", file=sys.stderr)
         return 130

@@ -1048,7 +1048,8 @@ class _Run:
                         failure = f"The job ran past its time limit of {self.timeout_s:g} s and was stopped."
                         self._note_failure()
                         if self.failed_stalled or self.at_failure.named():
-                            failure += "\n" + "\n".join(self._silence_lines(self.at_failure))
+                            failure += "\n" + "\n".join(self._silence_lines(
+                                self.at_failure, f"No rank had written a line for {self.at_failure.quiet_s:.0f} s."))
                         break
                     self._watch_stall()
             finally:

@@ -24,9 +24,10 @@ class Clock:
         return self.t
 
 
-def display(unit: str = "epoch", total: int | None = 3) -> tuple[JobProgress, io.StringIO, Clock]:
+def display(unit: str = "epoch", total: int | None = 3, max_restarts: int = 0) -> tuple[JobProgress, io.StringIO, Clock]:
     out, clock = io.StringIO(), Clock()
-    return JobProgress("data-parallel", unit, total, 2, live=False, stream=out, clock=clock), out, clock
+    budget = {"max_restarts": max_restarts} if max_restarts else {}  # none given: as a job without --max-restarts
+    return JobProgress("data-parallel", unit, total, 2, live=False, stream=out, clock=clock, **budget), out, clock
 
 
 def test_what_a_job_counts_comes_from_its_hyperparameters():
@@ -62,18 +63,48 @@ def test_a_long_job_off_a_terminal_says_it_is_alive_once_a_minute():
     assert out.getvalue().splitlines()[0].startswith("[progress] data-parallel: 60/300 step(s) in 60.0 s; loss 1, 2/2 hosts up")
 
 
+RANK_DIED = "[algo-2] E1123 16:20:58.187 5338 api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 5377) of binary: python"
+
+
 def test_a_rank_death_and_the_restart_show_in_the_display():
-    progress, _, _ = display()
+    progress, _, _ = display(max_restarts=1)
     progress.feed("0", "[algo-1/0] METRICS rank=0 epoch=1 step=30 train_loss=0.32")
-    progress.feed("", "[algo-2] E1123 16:20:58.187 5338 api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 5377) of binary: python")
+    progress.feed("", RANK_DIED)
     progress.set_hosts_up(2)
     assert "a rank failed: restarting" in progress.postfix()
     progress.feed("0", "[algo-1/0] METRICS rank=0 step=25 restart=1 resumed_step=24 lost_steps=6 recover_s=4.0")
     assert progress.restarts == 1 and progress.step == 25
     assert progress.postfix() == "step 25, loss 0.32, 2/2 hosts up, 1 restart(s)"
+    progress.feed("", RANK_DIED)  # again, with the budget of one restart spent: the job fails
+    assert progress.postfix() == "step 25, loss 0.32, 2/2 hosts up, a rank failed, 1 restart(s)"
     progress.set_hosts_up(0)
     progress.close()
-    assert progress.postfix() == "step 25, loss 0.32, 1 restart(s)"
+    assert progress.postfix() == "step 25, loss 0.32, a rank failed, 1 restart(s)"
+
+
+def test_a_rank_death_in_a_job_without_restarts_is_not_called_a_restart():
+    """The issue's job had no --max-restarts, and the display said "a rank failed: restarting"."""
+    progress, _, _ = display()  # no restart budget, as `run` without --max-restarts
+    progress.feed("0", "[algo-1/0] METRICS rank=0 epoch=1 step=30 train_loss=0.32")
+    progress.feed("", RANK_DIED)
+    assert progress.postfix() == "step 30, loss 0.32, 2/2 hosts up, a rank failed"
+
+
+def test_a_stall_is_shown_until_a_line_comes_again():
+    progress, out, clock = display()
+    progress.feed("0", "[algo-1/0] METRICS rank=0 epoch=1 step=30 train_loss=0.32")
+    clock.t += 120
+    note = ["[stall] No rank has written a line for 120 s. Rank 1 on algo-2 stopped answering: ...",
+            "[stall]   120 s ago: [algo-2/1] step 30"]
+    progress.stalled(120.4, note)
+    # Off a terminal too: the note's own lines at once, then the display's line (a minute has passed).
+    assert out.getvalue().splitlines() == [
+        *note, "[progress] data-parallel: 0/3 epoch(s) in 120.0 s; step 30, loss 0.32, 2/2 hosts up, "
+               "stalled: no line for 120 s"]
+    assert progress.postfix() == "step 30, loss 0.32, 2/2 hosts up, stalled: no line for 120 s"
+    progress.recovered(["[stall] Ended after 130 s without a line: rank 1 on algo-2 wrote: step 31"])
+    assert out.getvalue().endswith("[stall] Ended after 130 s without a line: rank 1 on algo-2 wrote: step 31\n")
+    assert progress.postfix() == "step 30, loss 0.32, 2/2 hosts up"
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@
                                [--dry-run] [--hp KEY=VALUE ...] [--route ROUTE]
                                [--allow-unsupported-image] [--workdir DIR] [--checkpoint-dir DIR]
                                [--max-restarts K] [--fault kill-rank=R@step=S] [--spot [--max-wait S]] [--yes]
+                               [--verbose] [--stall-after SECONDS]
     python -m workshop run all            # every lab, locally, then a summary table
     python -m workshop tune LAB --param lr=0.01,0.02,0.04 [--param batch-size=32,64] [--trials N]
                                 [--parallel K] [--mode local|sagemaker] [--dry-run] [--hp KEY=VALUE ...] [--yes]
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +36,8 @@ from typing import Any
 
 from workshop.errors import WorkshopError
 from workshop.labs import LABS, Lab, get_labs
+from workshop.runtime.processes import Terminated, sigterm_as_interrupt
+from workshop.runtime.progress import STALL_S
 
 
 def parse_hp(items: list[str]) -> dict[str, Any]:
@@ -64,6 +68,25 @@ def count_of(what: str, flag: str, example: int):
                 f"{text!r} is not a number of {what} (a whole number, at least 1).\n"
                 f"  Fix: write it like {flag} {example}, or leave {flag} out for the lab's default "
                 "(`python -m workshop labs` lists them)."
+            )
+        return value
+
+    return parse
+
+
+def seconds_of(flag: str, example: int):
+    """An argparse type for `flag`: a number of seconds, 0 or more (0: never), else a message that
+    ends with its fix."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not value >= 0:  # NaN too
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number of seconds (0 or more).\n"
+                f"  Fix: write it like {flag} {example}, or {flag} 0 to turn it off."
             )
         return value
 
@@ -106,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "(torchrun's elastic agent; labs 3 and 4)")
     run.add_argument("--verbose", action="store_true",
                      help="local mode: stream every rank's log lines instead of one progress display per job")
+    run.add_argument("--stall-after", type=seconds_of("--stall-after", 120), default=STALL_S, metavar="SECONDS",
+                     help="local mode: when no rank has written a line for this long, say the job stalls, with "
+                          "each rank's last line and the rank that stopped answering (0: never)")
     run.add_argument("--fault", default=None, metavar="kill-rank=R@step=S",
                      help="fault injection: kill rank R right after step S, once (the script's --fault; "
                           "with --max-restarts the job recovers)")
@@ -143,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--seed", type=int, default=0, help="seed of the random draws")
     tune.add_argument("--no-plot", action="store_true", help="local mode: do not write the plot")
     for action in run._actions:  # the run command's options, except those a search does not take
-        if action.dest in ("help", "lab", "checkpoint_dir", "max_restarts", "fault", "spot", "max_wait") \
+        # --stall-after too: a trial runs without a display, so it would say nothing.
+        if action.dest in ("help", "lab", "checkpoint_dir", "max_restarts", "fault", "spot", "max_wait", "stall_after") \
                 or not action.option_strings:
             continue
         tune._add_action(action)
@@ -153,8 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--steps", type=count_of("steps", "--steps", 5), default=5,
                       help="profiled steps on every rank (after the script's warm-up steps)")
     for action in run._actions:  # the run command's local options
-        if action.dest in ("hosts", "procs_per_host", "hp", "data_dir", "workdir", "verbose", "mode", "instance_type",
-                           "role", "region", "create_role", "route", "yes", "allow_unsupported_image"):
+        if action.dest in ("hosts", "procs_per_host", "hp", "data_dir", "workdir", "verbose", "stall_after", "mode",
+                           "instance_type", "role", "region", "create_role", "route", "yes", "allow_unsupported_image"):
             prof._add_action(action)
     net = sub.add_parser("network", help="create or reuse (or --show) your workshop VPC")
     net.add_argument("--nat", action="store_true", help="a NAT gateway instead of interface endpoints (reaches PyPI)")
@@ -237,7 +264,7 @@ def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
             lab, hosts=args.hosts, procs_per_host=args.procs_per_host, hyperparameters=hps,
             data_dir=local_data_dir(lab, args), checkpoint_dir=args.checkpoint_dir,
             runs_dir=Path(args.workdir) / "runs" if args.workdir else None, max_restarts=args.max_restarts,
-            verbose=args.verbose,
+            verbose=args.verbose, stall_s=args.stall_after,
         )
         recovery = recovery_line(result.records)
         if recovery:
@@ -368,6 +395,12 @@ def run_many(labs: list[Lab], args: argparse.Namespace, hps: dict[str, Any]) -> 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # SIGTERM (`kill`, `timeout`, a cancelled CI job) stops what the command started as Ctrl-C does.
+    with sigterm_as_interrupt():
+        return _command(args)
+
+
+def _command(args: argparse.Namespace) -> int:
     try:
         if args.command == "labs":
             for lab in LABS.values():
@@ -410,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             profile(args.lab, hosts=args.hosts, procs_per_host=args.procs_per_host, steps=args.steps,
                     hyperparameters=hps, mode=args.mode, data_dir=local_data_dir(get_labs(args.lab)[0], args),
                     runs_dir=Path(args.workdir) / "runs" if args.workdir else None, verbose=args.verbose,
-                    **sagemaker)
+                    stall_s=args.stall_after, **sagemaker)
             return 0
         if args.lab == "all":
             return run_all(args, hps)
@@ -422,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     except WorkshopError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("Stopped by SIGTERM; every process the workshop started has been stopped.", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("Interrupted; every process the workshop started has been stopped.", file=sys.stderr)
         return 130

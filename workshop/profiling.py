@@ -25,6 +25,7 @@ from workshop.errors import WorkshopError
 from workshop.labs import get_lab
 from workshop.runner import run_local, run_on_sagemaker
 from workshop.runtime.local_cluster import DEFAULT_RUNS_DIR, ClusterResult
+from workshop.runtime.progress import STALL_S
 from workshop.spec import Lab
 from workshop.trace_report import ProfileReport
 
@@ -96,6 +97,7 @@ def profile(
     runs_dir: str | Path | None = None,
     echo: bool = True,
     verbose: bool = False,
+    stall_s: float | None = STALL_S,
     confirm_cost: Any = False,
     **sagemaker_fields: Any,
 ) -> ProfileReport:
@@ -126,7 +128,7 @@ def profile(
         return _profile_on_sagemaker(lab, hosts=hosts, procs_per_host=procs_per_host, hps=hps, data_dir=data_dir,
                                      runs_dir=runs_dir, echo=echo, confirm_cost=confirm_cost, **sagemaker_fields)
     result: ClusterResult = run_local(lab, hosts=hosts, procs_per_host=procs_per_host, hyperparameters=hps,
-                                      data_dir=data_dir, runs_dir=runs_dir, echo=echo, verbose=verbose)
+                                      data_dir=data_dir, runs_dir=runs_dir, echo=echo, verbose=verbose, stall_s=stall_s)
     layout = f"{len(result.hosts)} host(s), {result.world_size} rank(s)"
     report = report_from([h.output_data_dir for h in result.hosts], out_dir=result.workdir / "profile",
                          title=f"{lab.label}, {layout}")

@@ -54,6 +54,7 @@ from workshop.jobs.tuning import (
 )
 from workshop.labs import get_lab
 from workshop.runtime.local_cluster import ClusterResult, LocalCluster
+from workshop.runtime.progress import STALL_S
 from workshop.search import Objective, SearchSpace
 from workshop.spec import Lab
 
@@ -73,6 +74,7 @@ def run_local(
     check: bool = True,
     max_restarts: int = 0,
     verbose: bool = False,
+    stall_s: float | None = STALL_S,
 ) -> ClusterResult:
     """Run `lab` on the local cluster; every check happens before any process starts.
 
@@ -84,6 +86,8 @@ def run_local(
     (torchrun's elastic agent; the torchrun labs), each resuming from the latest checkpoint.
     `echo`: say what the run does, with one live progress display (steps or epochs done, loss,
     accuracy, hosts up) and the logs' path; `verbose`: stream every rank's lines instead.
+    `stall_s`: when no rank has written a line for this long, the run says it stalls and who
+    stopped answering (see `LocalCluster`; None or 0: never).
     """
     hosts = lab.local_hosts if hosts is None else hosts
     procs_per_host = lab.local_procs_per_host if procs_per_host is None else procs_per_host
@@ -98,6 +102,7 @@ def run_local(
         runs_dir=runs_dir,
         echo=echo,
         verbose=verbose,
+        stall_s=stall_s,
     )
     cluster.checkpoint_store(checkpoint_dir)  # a folder it cannot write fails now, not after the data
     hps = {**lab.local_hyperparameters, **(hyperparameters or {})}

@@ -12,7 +12,9 @@ so they scale with no communication at all (data parallelism all-reduces every s
 - **Locally** every trial is a full local-cluster job (its own simulated hosts, ports, sandbox
   and logs), run by its own `python -m workshop.tuning trial ...` process and pinned to its
   share of this machine's cores; at most `parallel` run at once. A failed trial is reported and
-  the others go on; Ctrl-C stops every trial and leaves nothing running.
+  the others go on; Ctrl-C (or SIGTERM, to `python -m workshop tune`) stops every trial and
+  leaves nothing running, and a search killed outright (SIGKILL) takes its trials with it: each
+  trial stops its cluster when its search is gone.
 - **On SageMaker** the search is one tuning job (`workshop.jobs.tuning`): the service runs the
   trials, at most `parallel` at once, each a full distributed job with the lab's launcher.
 
@@ -43,10 +45,17 @@ from workshop.jobs import DryRunRequest
 from workshop.jobs.tuning import TuningOutcome
 from workshop.labs import find_lab, get_lab
 from workshop.runner import run_local, run_on_sagemaker
+from workshop.runtime.hostns import die_with_parent_from_start
 from workshop.runtime.local_cluster import (
     DEFAULT_RUNS_DIR,
     check_machine_fits,
     check_writable_folder,
+)
+from workshop.runtime.processes import (
+    PARENT_ENV,
+    DeferredInterrupt,
+    Terminated,
+    sigterm_as_interrupt,
 )
 from workshop.search import Objective, SearchSpace
 from workshop.spec import Lab
@@ -387,8 +396,9 @@ def _run_trials(lab, result: TuneResult, base, hosts, procs, data_dir, shares) -
         while waiting or running:
             while waiting and free:
                 slot, trial = free.pop(0), waiting.popleft()
-                running[slot] = (trial, _start_trial(lab, trial, base, hosts, procs, data_dir, shares[slot], result.folder),
-                                 time.monotonic())
+                with DeferredInterrupt():  # a Ctrl-C (or SIGTERM) during the start comes once it is recorded
+                    running[slot] = (trial, _start_trial(lab, trial, base, hosts, procs, data_dir, shares[slot],
+                                                         result.folder), time.monotonic())
                 say(f"trial {trial.index}/{total} started: {trial.label()} (cores {','.join(map(str, trial.cores))})")
                 said = time.monotonic()
             time.sleep(POLL_S)
@@ -412,9 +422,10 @@ def _run_trials(lab, result: TuneResult, base, hosts, procs, data_dir, shares) -
                 else:
                     say(f"trial {trial.index}/{total} FAILED after {trial.wall_s:.1f} s ({left}): {trial.failure}")
                     say(f"  its logs: {trial.folder}")
-    except KeyboardInterrupt:
-        say(f"Ctrl-C: stopping {len(running)} running trial(s)")
-        _stop(running)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (workshop.runtime.processes.Terminated)
+        why = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+        say(f"{why}: stopping {len(running)} running trial(s)")
+        _stop(running, why)
         for trial in waiting:
             trial.status = "stopped"
         result.save()
@@ -435,9 +446,12 @@ def _start_trial(lab, trial: Trial, base, hosts, procs, data_dir, cores, folder:
     log = open(trial.folder / "trial.log", "w", encoding="utf-8")  # noqa: SIM115 - the child writes it
     try:
         # Its own session: Ctrl-C reaches this process only, which then stops each trial in turn.
+        # The trial asks to die with this process itself (PARENT_ENV: see `_main`), so a search
+        # killed outright takes its trials with it.
         return subprocess.Popen([sys.executable, "-m", "workshop.tuning", "trial", str(trial.folder)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=os.getcwd())
+                                start_new_session=True, cwd=os.getcwd(),
+                                env={**os.environ, PARENT_ENV: str(os.getpid())})
     finally:
         log.close()
 
@@ -462,7 +476,7 @@ def _collect(trial: Trial, returncode: int, wall_s: float, objective: Objective)
         trial.failure = data.get("failure") or f"exit status {data.get('returncode')}"
 
 
-def _stop(running: dict[int, tuple[Trial, subprocess.Popen, float]]) -> None:
+def _stop(running: dict[int, tuple[Trial, subprocess.Popen, float]], why: str = "Ctrl-C") -> None:
     """Ctrl-C for each trial (its local cluster stops its hosts), then SIGTERM, then SIGKILL."""
     procs = [(trial, proc) for trial, proc, _ in running.values()]
     for sig, grace in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
@@ -480,7 +494,7 @@ def _stop(running: dict[int, tuple[Trial, subprocess.Popen, float]]) -> None:
             time.sleep(POLL_S)
     for trial, proc in procs:
         trial.status = "stopped"
-        trial.failure = f"stopped by Ctrl-C (exit status {proc.returncode})"
+        trial.failure = f"stopped by {why} (exit status {proc.returncode})"
 
 
 # ---------------------------------------------------------------------- one trial, in its own process
@@ -506,8 +520,8 @@ def run_trial(folder: Path) -> int:
         }
     except WorkshopError as exc:
         out = {"returncode": 2, "failure": str(exc)}
-    except KeyboardInterrupt:
-        out = {"returncode": 130, "failure": "stopped (Ctrl-C)"}
+    except KeyboardInterrupt as exc:  # the search's Ctrl-C (or SIGTERM), or its end (see `_main`)
+        out = {"returncode": 130, "failure": f"stopped ({'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'})"}
     out.setdefault("wall_s", round(time.monotonic() - t0, 1))
     _write_json(folder / RESULT_FILE, out)
     return 0 if out["returncode"] == 0 else 1
@@ -519,7 +533,13 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("trial",))
     parser.add_argument("folder", type=Path)
     args = parser.parse_args(argv)
-    return run_trial(args.folder)
+    # The search stops a trial with SIGINT (then SIGTERM): both stop its cluster, whatever this
+    # process inherited (a search started in the background hands its trials SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with sigterm_as_interrupt():
+        # A search that dies (SIGKILL, a crash) sends SIGTERM: the trial stops its cluster too.
+        die_with_parent_from_start(signal.SIGTERM)
+        return run_trial(args.folder)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,12 @@ Reliability lives here too:
   ("Rank 1 on algo-2 was killed by SIGKILL (signal 9)."), from its launcher's record of its
   exit (torchrun's, the Horovod or parameter-server driver's), with its own last lines or
   traceback; its peers' lost-connection errors follow as consequences.
+- A job whose ranks all go silent for `stall_s` seconds (default 120; CLI `--stall-after`) is said
+  to stall, again every `stall_s` while it lasts, with each rank's last line and how long ago it
+  was, and which rank stopped answering where the processes show it (one stopped by SIGSTOP or a
+  debugger, one busy on a CPU while its peers wait idle); said again when a line comes. A
+  collective that times out (or a time limit reached during a stall) is reported as what it is:
+  the rank that stopped answering first, then the rank that waited for it and timed out.
 - No process outlives the run: not on success, failure, timeout, Ctrl-C or a notebook
   interrupt, including a Ctrl-C while the hosts are still being started. Every process started
   carries a marker variable; sweeps kill anything that still carries it (torchrun starts its
@@ -49,6 +55,7 @@ Reliability lives here too:
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import random
@@ -85,7 +92,7 @@ from workshop.runtime.contract import (
     write_sm_drivers,
 )
 from workshop.runtime.processes import MARKER, PARENT_ENV, DeferredInterrupt, processes_with_marker
-from workshop.runtime.progress import JobProgress, progress_total
+from workshop.runtime.progress import STALL_S, JobProgress, progress_total
 
 DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
 RUNTIMES = ("auto", "container", "process")
@@ -133,6 +140,18 @@ _PS_END = re.compile(r"\[ps_driver\] (?:ERROR: )?the (?P<role>coordinator|parame
 # The line that says what ended a rank: an exception's (the last line of a traceback) or argparse's.
 _ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)\b|\S+: error: )")
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # PyTorch's own prefix on a rank's stderr lines
+# What a rank's error says when a collective, a rendezvous or a store waited too long for a peer
+# (gloo: "Timed out waiting 600000ms for recv operation", NCCL's watchdog, c10d's store, TensorFlow's
+# DEADLINE_EXCEEDED): the rank that says it waited; the one it waited for said nothing.
+_TIMED_OUT = re.compile(r"timed out|timeout|deadline.?exceeded|watchdog", re.IGNORECASE)
+# What launchers tell a training process its rank by (torchrun, Horovod, mpirun and MPICH).
+_RANK_VARS = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+STALL_SHOWN = 12  # at most this many ranks' last lines in a stall's note
+# During a stall, a rank that used at least BUSY_SHARE of a CPU (on a shared machine a spinning
+# process may get only a fraction of one), and IDLE_RATIO times that or more than every other rank
+# (waiting in a collective costs next to nothing), is the one the others wait for.
+BUSY_SHARE = 0.1
+IDLE_RATIO = 10
 # After the first host fails, the others get this long to end on their own (and their launchers to
 # record why) before they are stopped: a launcher stopped mid-way records nothing, and the rank
 # that failed first may be on a host whose launcher noticed a moment later than a peer's.
@@ -252,6 +271,50 @@ class RankEnd:
         if self.code < 0:
             return f"was killed by {_signal_name(-self.code)} (signal {-self.code})"
         return f"exited with status {self.code}"
+
+
+@dataclass
+class _Silence:
+    """Who was answering when a job went quiet (or failed), from its processes themselves."""
+
+    quiet_s: float  # since the job's last line
+    ages: dict[tuple[str, str], float] = field(default_factory=dict)  # (host, rank) -> seconds since its last line
+    stopped: dict[tuple[str, str], str] = field(default_factory=dict)  # (host, rank) -> its stopped process
+    busy: dict[tuple[str, str], float] = field(default_factory=dict)  # (host, rank) -> its share of a CPU
+
+    def named(self) -> list[tuple[str, str]]:
+        """The ranks that stopped answering: those stopped, else the one busy while the others waited."""
+        return list(self.stopped) or list(self.busy)
+
+
+@dataclass
+class _Stall:
+    since: float  # when the job's last line before it came
+    said: float  # when it was last said
+    silence: _Silence | None = None  # what its last note found
+    ended: float | None = None  # when a line came again
+
+
+def _who(host: str, rank: str) -> str:
+    return f"rank {rank} on {host}" if rank else f"the launcher on {host}"
+
+
+def _program(cmdline: list[str]) -> str:
+    """What a process runs, in a word: its script (train.py), else its program (torchrun)."""
+    script = next((Path(arg).name for arg in cmdline[1:] if arg.endswith(".py")), "")
+    return script or (Path(cmdline[0]).name if cmdline else "?")
+
+
+def _rank_of(env: dict[str, str], host: HostResult) -> str:
+    """A training process's global rank, from what its launcher set; "" for any other process."""
+    for var in _RANK_VARS:
+        if env.get(var, "").isdigit():
+            return env[var]
+    try:  # lab 1: the chief and the workers, one per host, shown as the host's rank (see _RANK_TAG)
+        task = json.loads(env.get("TF_CONFIG") or "{}").get("task", {})
+    except ValueError:
+        return ""
+    return str(host.host_rank) if isinstance(task, dict) and task.get("type") in ("chief", "worker") else ""
 
 
 def _sigkill_cause(lines: list[str]) -> str:
@@ -499,6 +562,7 @@ class LocalCluster:
         instance_type: str | None = None,
         runs_dir: str | Path | None = None,
         allow_oversubscription: bool | None = None,
+        stall_s: float | None = STALL_S,
     ):
         """`workdir` is the run's own folder; without it each run gets a new folder under
         `runs_dir` (default: the checkout's `runs/`). Either must be writable: that is checked
@@ -521,6 +585,12 @@ class LocalCluster:
         `echo`: print what the job does; with `verbose`, every line of every rank as it comes (tagged
         `[host/rank]`), else one live progress display per job (`workshop.runtime.progress`) and the
         logs' path. The logs are in the run folder either way, and a failure is reported either way.
+
+        `stall_s`: when no rank (nor launcher) has written a line for this many seconds, the job is
+        said to stall, with each rank's last line and the rank that stopped answering where its
+        process shows it (see `_Run._watch_stall`); said again every `stall_s` while it lasts, and
+        when it ends. In the display (or the streamed lines) with `echo`, and in `logs/cluster.log`
+        always. None or 0: never said.
         """
         if not isinstance(hosts, int) or hosts < 1:
             raise WorkshopError(f"hosts must be a whole number of at least 1, got {hosts!r}.", "use --hosts 1 or more.")
@@ -531,6 +601,11 @@ class LocalCluster:
             )
         if allow_oversubscription is None:
             allow_oversubscription = os.environ.get(OVERSUBSCRIBE_ENV, "") not in ("", "0")
+        if stall_s is not None and (isinstance(stall_s, bool) or not isinstance(stall_s, (int, float))
+                                    or not stall_s >= 0):  # NaN too
+            raise WorkshopError(f"stall_s must be a number of seconds, 0 or more, got {stall_s!r}.",
+                                "pass e.g. stall_s=120 (CLI: --stall-after 120), or 0 to never say a job stalls.")
+        self.stall_s = float(stall_s) if stall_s else None
         check_machine_fits(hosts, procs_per_host, allow_oversubscription)
         self.source_dir = Path(source_dir).resolve()
         self.entry_script = entry_script
@@ -786,7 +861,8 @@ class LocalCluster:
             display = None
             if self.echo and not self.verbose:
                 unit, total = progress_total(hyperparameters)
-                display = JobProgress(self.name, unit, total, self.hosts)
+                display = JobProgress(self.name, unit, total, self.hosts,
+                                      max_restarts=int(getattr(self.distributed, "max_restarts", 0) or 0))
             runner = _Run(self, hosts, envs, commands, workdir, cluster_id, timeout_s, container, display)
             try:
                 returncode, failure, lines = runner.run()
@@ -838,6 +914,13 @@ class _Run:
         # doing; what follows is the stop's.
         self.stop_line: int | None = None
         self.ended_before_stop: set[int] = set()
+        # The stall watch (`_watch_stall`): when each stream, and the job, last wrote a line.
+        self.last_line_at: dict[tuple[str, str], float] = {}
+        self.last_line_any = 0.0
+        self.stall: _Stall | None = None  # the last stall (under way while its `ended` is None)
+        self.failed_stalled = False  # the job failed (or ran out of time) during a stall, or just after one
+        self._cpu_sample: tuple[float, dict[tuple[str, str], float]] | None = None  # during a silence
+        self.at_failure: _Silence | None = None  # who was answering when the job failed or ran out of time
 
     def _start(self) -> None:
         """Start every host; a Ctrl-C meanwhile stops the start between two hosts.
@@ -916,6 +999,7 @@ class _Run:
                 return
             self.tails.setdefault((host, rank), deque(maxlen=400)).append((len(self.all_lines), line))
             self.all_lines.append(line)
+            self.last_line_at[(host, rank)] = self.last_line_any = time.monotonic()
             self._combined.write(line + "\n")
             if not rank and host not in self.driver_started and _DRIVER_START.match(line.split("] ", 1)[-1]):
                 self.driver_started[host] = time.monotonic() - self.t0
@@ -942,6 +1026,7 @@ class _Run:
             self._combined = combined
             try:
                 self._start()
+                self.last_line_any = time.monotonic()  # the silence is counted from the start
                 while True:
                     self._drain(0.1)
                     codes = [p.poll() for p in self.procs]
@@ -949,6 +1034,8 @@ class _Run:
                         self.display.set_hosts_up(sum(code is None for code in codes))
                     failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
                     if failed:
+                        # Before anything is stopped: a rank that stopped answering is still there to see.
+                        self._note_failure()
                         failed_host, returncode = failed[0], codes[failed[0]]
                         settle = time.monotonic() + SETTLE_S  # the others' launchers record their ends
                         while time.monotonic() < settle and any(p.poll() is None for p in self.procs):
@@ -959,7 +1046,12 @@ class _Run:
                     if self.timeout_s and time.monotonic() - t0 > self.timeout_s:
                         returncode = 124
                         failure = f"The job ran past its time limit of {self.timeout_s:g} s and was stopped."
+                        self._note_failure()
+                        if self.failed_stalled or self.at_failure.named():
+                            failure += "\n" + "\n".join(self._silence_lines(
+                                self.at_failure, f"No rank had written a line for {self.at_failure.quiet_s:.0f} s."))
                         break
+                    self._watch_stall()
             finally:
                 # Also on KeyboardInterrupt (Ctrl-C, a notebook's interrupt): nothing outlives the run.
                 # A second Ctrl-C while stopping waits until everything is stopped (seconds).
@@ -996,7 +1088,7 @@ class _Run:
         root, *rest = sorted(before_stop, key=lambda e: (e.consequence, e.code is None, e.seen))
         error = _last_error(root.lines) if root.code is None or root.code >= 0 else ""
         first = f"{root.who[0].upper()}{root.who[1:]} {'lost its peer and ' if root.consequence else ''}{root.how}"
-        message = [first + (f": {error}" if error else ".")]
+        message = self._waited_for(root, error) + [first + (f": {error}" if error else ".")]
         if root.code == -signal.SIGKILL:
             message.append(_sigkill_cause(root.lines))
         j = next(k for k, h in enumerate(self.hosts) if h.name == root.host)
@@ -1021,6 +1113,169 @@ class _Run:
         if len(rest) > 8:
             message.append(f"Then: {len(rest) - 8} more rank(s) failed; see the logs.")
         return "\n".join(message)
+
+    # ------------------------------------------------------------------ the stall watch
+
+    def _watch_stall(self) -> None:
+        """Say when no line has come from any rank or launcher for `stall_s`, again every `stall_s`
+        while none comes, and once one does.
+
+        Who stopped answering is read from the processes (`_silence`): one stopped (state T:
+        SIGSTOP, a debugger) cannot answer; one that keeps a CPU busy while every other rank sits
+        idle is the one they wait for. The CPU is sampled once the silence is half `stall_s`
+        long, and compared at each note."""
+        if not self.c.stall_s:
+            return
+        now = time.monotonic()
+        if self.stall is not None and self.stall.ended is None and self.last_line_any > self.stall.since:
+            self._stall_over()
+        quiet = now - self.last_line_any
+        if quiet < self.c.stall_s / 2:
+            return
+        if self._cpu_sample is None or self._cpu_sample[0] < self.last_line_any:
+            self._silence()  # the first CPU sample of this silence
+        if self.stall is not None and self.stall.ended is None and now - self.stall.said < self.c.stall_s:
+            return  # said not long ago
+        if quiet >= self.c.stall_s:
+            if self.stall is None or self.stall.ended is not None:
+                self.stall = _Stall(since=self.last_line_any, said=now)
+            silence = self.stall.silence = self._silence()
+            self.stall.said = now
+            lines = self._silence_lines(silence, f"No rank has written a line for {silence.quiet_s:.0f} s.")
+            lines[0] += f" (Said again every {self.c.stall_s:g} s while it lasts; --stall-after sets when.)"
+            self._say_stall([f"[stall] {line}" for line in lines], silence.quiet_s)
+
+    def _stall_over(self) -> None:
+        since = self.stall.since
+        first = min((key for key, t in self.last_line_at.items() if t > since), key=self.last_line_at.get)
+        gap = self.last_line_at[first] - since
+        self.stall.ended = time.monotonic()
+        line = _bare(self.tails[first][-1][1])[:200]
+        self._say_stall([f"[stall] Ended after {gap:.0f} s without a line: {_who(*first)} wrote: {line}"], None)
+
+    def _say_stall(self, lines: list[str], quiet_s: float | None) -> None:
+        for line in lines:
+            self._combined.write(line + "\n")
+        if self.display is not None:
+            if quiet_s is None:
+                self.display.recovered(lines)
+            else:
+                self.display.stalled(quiet_s, lines)
+        elif self.c.echo:
+            print("\n".join(lines), flush=True)
+
+    def _note_failure(self) -> None:
+        """When the job failed or ran out of time: who was answering (`at_failure`), and whether it
+        was during a stall or just after one ended (the failing rank's own traceback ends it)."""
+        self.at_failure = self._silence()
+        stall = self.stall
+        # The failing rank's own traceback ends a stall a moment before its host is seen to end.
+        self.failed_stalled = stall is not None and (stall.ended is None or time.monotonic() - stall.ended < 10.0)
+        if self.failed_stalled and not self.at_failure.named() and stall.silence is not None:
+            self.at_failure.busy = stall.silence.busy  # what the stall's last note saw: the CPU, sampled then
+
+    def _silence_lines(self, silence: _Silence, head: str) -> list[str]:
+        """`head`, who stopped answering (if the processes show it), then each rank's last line and
+        how long before it came (a host's launcher's, for a host none of whose ranks wrote yet)."""
+        named = self._named(silence)
+        lines = [head + (f" {named[0].upper()}{named[1:]}." if named else "")]
+        rows = []
+        for host in self.hosts:
+            ranks = sorted((r for h, r in self.last_line_at if h == host.name and r), key=int)
+            keys = [(host.name, r) for r in ranks] or [(host.name, "")]
+            for key in keys:
+                if key not in silence.ages:
+                    rows.append(f"  [{host.name}] no line yet")
+                    continue
+                rows.append(f"  {silence.ages[key]:.0f} s ago: {self.tails[key][-1][1][:200]}")
+        if len(rows) > STALL_SHOWN:
+            rows = rows[:STALL_SHOWN] + [f"  ... and {len(rows) - STALL_SHOWN} more (every line is in logs/cluster.log)"]
+        return lines + ["Each rank's last line:"] + rows
+
+    def _named(self, silence: _Silence, besides: tuple[str, str] | None = None) -> str:
+        """Who stopped answering, in words ("rank 1 on algo-2 stopped answering: ..."), "" if none shows."""
+        said = []
+        for key, process in silence.stopped.items():
+            if key != besides:
+                said.append(f"{_who(*key)} stopped answering: its {process}")
+        if not said:
+            for key, share in silence.busy.items():
+                if key != besides:
+                    said.append(f"{_who(*key)} stopped answering: it kept {share:.0%} of a CPU busy while every "
+                                "other rank sat idle, waiting")
+        return "; ".join(said)
+
+    def _silence(self) -> _Silence:
+        """Who is answering now: which of the run's processes are stopped, and (against the CPU
+        sample taken earlier in this silence) which rank kept a CPU busy while the others idled.
+        Takes the next CPU sample."""
+        now = time.monotonic()
+        silence = _Silence(quiet_s=now - self.last_line_any,
+                           ages={key: now - t for key, t in self.last_line_at.items()})
+        cpu: dict[tuple[str, str], float] = {}
+        for host, rank, proc in self._processes():
+            try:
+                with proc.oneshot():
+                    status, times, cmdline = proc.status(), proc.cpu_times(), proc.cmdline()
+            except (psutil.Error, OSError):
+                continue
+            if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                state = "T" if status == psutil.STATUS_STOPPED else "t"
+                silence.stopped.setdefault(
+                    (host.name, rank), f"process {proc.pid} ({_program(cmdline)}) is stopped (state {state}: "
+                    "SIGSTOP, or a debugger), so it cannot answer its peers")
+            if rank:
+                cpu[(host.name, rank)] = cpu.get((host.name, rank), 0.0) + times.user + times.system
+        if self._cpu_sample is not None and self._cpu_sample[0] >= self.last_line_any and len(cpu) > 1:
+            taken, before = self._cpu_sample
+            shares = {key: (used - before.get(key, used)) / max(now - taken, 1e-6) for key, used in cpu.items()}
+            top = max(shares, key=shares.get)
+            if shares[top] >= BUSY_SHARE and all(IDLE_RATIO * share <= shares[top] for key, share in shares.items()
+                                                 if key != top):
+                silence.busy = {top: shares[top]}
+        self._cpu_sample = (now, cpu)
+        return silence
+
+    def _processes(self) -> list[tuple[HostResult, str, psutil.Process]]:
+        """(host, rank, process) for every live process of each host's tree, from one look at the
+        process table; rank "" for a process no launcher gave one (sm_train.sh, torchrun, a driver)."""
+        table: dict[int, psutil.Process] = {}
+        children: dict[int, list[psutil.Process]] = {}
+        for proc in psutil.process_iter(["ppid"]):
+            table[proc.pid] = proc
+            children.setdefault(proc.info.get("ppid"), []).append(proc)
+        found = []
+        for host, root in zip(self.hosts, self.procs, strict=False):
+            todo = [table[root.pid]] if root.pid in table else []
+            while todo:
+                proc = todo.pop()
+                todo.extend(children.get(proc.pid, []))
+                try:
+                    env = proc.environ()
+                except (psutil.Error, OSError):
+                    continue
+                found.append((host, _rank_of(env, host), proc))
+        return found
+
+    def _waited_for(self, root: RankEnd, error: str) -> list[str]:
+        """The line before the failed rank's own where it failed waiting for a peer (its collective
+        timed out, or the job had stalled): which rank stopped answering, and how that shows."""
+        silence = self.at_failure
+        if silence is None or not (_TIMED_OUT.search(error) or self.failed_stalled):
+            return []
+        named = self._named(silence, besides=(root.host, root.rank))
+        if not named and root.rank.isdigit() and _TIMED_OUT.search(error) and self.c.world_size == 2:
+            rank = str(1 - int(root.rank))
+            host = self.hosts[int(rank) // self.c.procs_per_host].name
+            named = f"{_who(host, rank)} stopped answering: it is the only other rank, so the collective that timed out waited on it"
+            key = (host, rank)
+        else:
+            key = next((k for k in [*silence.stopped, *silence.busy] if k != (root.host, root.rank)), None)
+        if not named:
+            return []
+        last = (f"its last line came {silence.ages[key]:.0f} s before the failure" if key in silence.ages
+                else "it had written no line")
+        return [f"{named[0].upper()}{named[1:]}; {last}. The rank below waited for it:"]
 
     def _rank_ends(self) -> list[RankEnd]:
         """How every failed rank ended, as its launcher recorded it (see `_TORCHRUN_AGENT` and

@@ -4,15 +4,19 @@ The local cluster sets the marker on every host it starts; the drivers' signal h
 tests use it to find (and sweep) whatever a run left, whichever process group it ended up in.
 
 Also here: `DeferredInterrupt`, which keeps Ctrl-C from cutting a process start (or a run's
-shutdown) in half, and `PARENT_ENV`, with which a started process checks that the process that
-started it is still there (see `workshop.runtime.hostns.die_with_parent_from_start`).
+shutdown) in half; `sigterm_as_interrupt`, with which a command takes SIGTERM (`kill`, `timeout`, a
+cancelled CI job) as it takes Ctrl-C, stopping what it started; and `PARENT_ENV`, with which a
+started process checks that the process that started it is still there (see
+`workshop.runtime.hostns.die_with_parent_from_start`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -35,6 +39,36 @@ def processes_with_marker(cluster_id: str) -> list[psutil.Process]:
     return found
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, taken as Ctrl-C (see `sigterm_as_interrupt`): the same `except KeyboardInterrupt` stops
+    what the process started; catching this first tells the two apart (exit status 143, not 130)."""
+
+
+def _terminated(signum: int, frame: Any) -> None:  # noqa: ARG001
+    raise Terminated(f"stopped by {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside the block SIGTERM raises `Terminated` (a KeyboardInterrupt) in the main thread; the
+    handler that was there before is put back on leaving.
+
+    Python's default for SIGTERM is to die on the spot, running no `finally`: a command killed
+    with `kill`, `timeout` or a cancelled CI job would leave everything it started to fend for
+    itself. With this, it stops them as Ctrl-C does (a local cluster its hosts, a search its
+    trials) and starts nothing new; `DeferredInterrupt` holds it back during a start as it holds
+    Ctrl-C. Only the main thread can install signal handlers: elsewhere this changes nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 class DeferredInterrupt:
     """Holds Ctrl-C (SIGINT) back during steps that must not be cut in half, then delivers it.
 
@@ -48,39 +82,43 @@ class DeferredInterrupt:
     leaves the rest of it running. So inside the block SIGINT only notes that it came, and
     `check()`, or leaving the block without an exception, hands it to the handler that was there
     before (Python's default raises KeyboardInterrupt): an interrupt waits at most one step.
+    SIGTERM is held back the same way where `sigterm_as_interrupt` made it an interrupt too.
     Only the main thread can install signal handlers; elsewhere, and where SIGINT is ignored
     (a background job) or left to the OS, this changes nothing.
     """
 
     def __init__(self) -> None:
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
         self._pending: tuple[int, Any] | None = None
 
     def __enter__(self) -> DeferredInterrupt:
         if threading.current_thread() is threading.main_thread():
-            previous = signal.getsignal(signal.SIGINT)
-            if callable(previous):
-                self._previous = previous
-                signal.signal(signal.SIGINT, self._note)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                previous = signal.getsignal(signum)
+                if callable(previous) and (signum == signal.SIGINT or previous is _terminated):
+                    self._previous[signum] = previous
+                    signal.signal(signum, self._note)
         return self
 
     def _note(self, signum: int, frame: Any) -> None:
-        self._pending = (signum, frame)
+        if self._pending is None:  # the first one is delivered; another meanwhile asks the same
+            self._pending = (signum, frame)
 
     def check(self) -> None:
         """Deliver an interrupt that came inside the block (raises, with Python's handler)."""
-        if self._pending is not None and self._previous is not None:
+        if self._pending is not None:
             (signum, frame), self._pending = self._pending, None
-            self._previous(signum, frame)
+            self._previous[signum](signum, frame)
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self._previous is None:
+        if not self._previous:
             return
-        previous, self._previous = self._previous, None
-        signal.signal(signal.SIGINT, previous)
+        previous, self._previous = self._previous, {}
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         pending, self._pending = self._pending, None
         if pending is not None and exc_type is None:  # with an exception under way, that one goes on
-            previous(*pending)
+            previous[pending[0]](*pending)
 
 
 # --------------------------------------------------------------------------- a host's SIGTERM

@@ -12,7 +12,9 @@ the local cluster relays each line and shows one display per job:
 
 The full logs are in the run's folder, whose path the cluster prints; `verbose=True` (CLI:
 `--verbose`) streams every line as before instead. A failure is reported as before (the failing
-rank and its traceback), after the display is closed.
+rank and its traceback), after the display is closed. A job whose ranks have all gone silent (the
+local cluster's stall watch, `LocalCluster(stall_s=...)`) is said so, in the display and in lines of
+its own, each rank's last line with them, until it recovers or ends.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from workshop import metrics
 # torchrun's agent when a rank ends badly; the labs' scripts when they resume after a restart.
 _RANK_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+")
 HEARTBEAT_S = 60.0  # not live: a line this often while the job runs
+STALL_S = 120.0  # no line from any rank for this long: the job stalls (LocalCluster's stall_s)
 
 
 def live_display(stream: TextIO | None = None) -> bool:
@@ -60,8 +63,9 @@ class JobProgress:
     """The display of one job; `feed` every relayed line, `set_hosts_up` as hosts end, `close` at the end."""
 
     def __init__(self, name: str, unit: str, total: int | None, hosts: int, *, live: bool | None = None,
-                 stream: TextIO | None = None, clock=time.monotonic):
+                 stream: TextIO | None = None, clock=time.monotonic, max_restarts: int = 0):
         self.name, self.unit, self.total, self.hosts = name, unit, total, hosts
+        self.max_restarts = max_restarts  # the job's restart budget: a rank's death restarts it only with one
         self.stream = stream or sys.stdout
         self.live = live_display() if live is None else live
         self.clock = clock
@@ -74,6 +78,7 @@ class JobProgress:
         self.hosts_up = hosts
         self.restarts = 0
         self.rank_deaths = 0
+        self.quiet_s: float | None = None  # while the job stalls: how long no rank has written a line
         self._epochs_done: set[int] = set()
         self._closed = False
         self._deaths_seen_at_restart = 0  # rank failures the last restart answered
@@ -140,7 +145,11 @@ class JobProgress:
         if not self._closed:
             parts.append(f"{self.hosts_up}/{self.hosts} hosts up")
         if self.rank_deaths > self._deaths_seen_at_restart:
-            parts.append("a rank failed: restarting" if not self._closed else "a rank failed")
+            # torchrun restarts the ranks only while the job has restarts left (--max-restarts K)
+            restarting = not self._closed and self.restarts < self.max_restarts
+            parts.append("a rank failed: restarting" if restarting else "a rank failed")
+        if self.quiet_s is not None and not self._closed:
+            parts.append(f"stalled: no line for {self.quiet_s:.0f} s")
         if self.restarts:
             parts.append(f"{self.restarts} restart(s)")
         return ", ".join(parts)
@@ -149,6 +158,26 @@ class JobProgress:
         """The display as one line of text."""
         count = f"{self.done}/{self.total}" if self.total else f"{self.done}"
         return f"[progress] {self.name}: {count} {self.unit}(s) in {self.clock() - self.t0:.1f} s; {self.postfix()}"
+
+    def stalled(self, quiet_s: float, lines: list[str]) -> None:
+        """No rank has written a line for `quiet_s` seconds: show it, and print `lines` (who is
+        stalled, each rank's last line) under the display."""
+        self.quiet_s = quiet_s
+        self._print(lines)
+        self._refresh()
+
+    def recovered(self, lines: list[str]) -> None:
+        """The stall is over: a rank wrote again."""
+        self.quiet_s = None
+        self._print(lines)
+        self._refresh()
+
+    def _print(self, lines: list[str]) -> None:
+        if self._bar is not None:
+            for line in lines:
+                self._bar.write(line, file=self.stream)  # above a terminal's bar; a notebook's widget stays
+        else:
+            print("\n".join(lines), file=self.stream, flush=True)
 
     def _set(self, done: int) -> None:
         self.done = done

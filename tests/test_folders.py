@@ -15,6 +15,7 @@ anything starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -201,7 +202,8 @@ def test_a_checkpoint_folder_in_use_is_refused_to_a_second_run_and_freed_when_th
         assert "--checkpoint-dir DIR" in err  # the fix
         assert not (tmp_path / "second" / "runs").exists()  # nothing of the second run started
     finally:
-        os.killpg(first.pid, signal.SIGKILL)  # as `kill -9` would: no clean-up, no release
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)  # as `kill -9` would: no clean-up, no release
         first.wait()
     with FolderLock(ckpt, "the checkpoint folder", "fix"):  # not stuck
         pass

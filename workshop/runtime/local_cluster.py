@@ -1060,8 +1060,9 @@ class _Run:
         sizes = {}
         for folder in folders:  # sized before they go: the write that failed needed more than that
             for path in folder.iterdir() if folder.is_dir() else ():
-                if path.name.endswith((".tmp", ".partial")) and path.lstat().st_mtime >= self.started_at - 1:
-                    sizes[path] = size_of(path)
+                with contextlib.suppress(OSError):
+                    if path.name.endswith((".tmp", ".partial")) and path.lstat().st_mtime >= self.started_at - 1:
+                        sizes[path] = size_of(path)
         gone = remove_half_written(folders, self.started_at)
         where = gone[0].parent.resolve() if gone else (stores[0] if stores else self.workdir)
         what = "the checkpoint folder" if stores and where == stores[0] else f"in the run folder {self.workdir}"

@@ -124,7 +124,7 @@ def check_checkpoint_folder(lab: Lab, args: Any, hosts: int, checkpoint_dir: Any
         f"one folder, and its {hosts} hosts share no checkpoint folder without --checkpoint-dir: its first "
         "checkpoint would fail.",
         f"pass --checkpoint-dir DIR (checkpoint_dir= in Python), the folder every host shares; or run on one host "
-        f"(--hosts 1); or write no checkpoint ({flag}=0).",
+        f"(--hosts 1); or write no checkpoint (--hp {flag}=0).",
     )
 
 

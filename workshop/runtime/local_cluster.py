@@ -386,7 +386,7 @@ CHECKPOINT_IN_USE_FIX = ("wait for that job to end (or stop it), or give this ru
                          "(checkpoint_dir= in Python). A job that was killed holds nothing: its lock went with it.")
 WORKDIR_IN_USE_FIX = ("wait for that job to end (or stop it), or leave workdir unset (each run then gets a new folder "
                       "of its own) or pass another one.")
-LOG_ROOM_PER_HOST = 2 * 1024 * 1024  # what a host's logs may take: a lab's run writes a few hundred KB
+LOG_ROOM_PER_HOST = 512 * 1024  # room for a host's logs, an estimate: a lab's 2-step run writes about 20 KB per host
 # sm_train.sh's and the ranks' words for a full disk (an OSError's, and torch's, which wraps it)
 _DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|Disk quota exceeded|\[Errno 122\]")
 
@@ -1046,15 +1046,12 @@ class _Run:
 
     def _disk_full_failure(self, failure: str | None) -> str | None:
         """A failure that a full disk caused, as one line naming the folder (and what the write that failed
-        needed), once what the run left half-written there is removed; else `failure` as it was."""
-        if self.disk_full is not None:
-            return f"{self.disk_full}\n  Fix: {DISK_FULL_FIX}"
+        needed), once what the run left half-written is removed; else `failure` as it was. A rank's own
+        word for it comes first; else a log that could not be written (which may have stopped the job
+        while a rank was still writing its checkpoint)."""
         said = next((line for line in self.all_lines if _DISK_FULL.search(line)), None)
-        if said is None:
+        if said is None and self.disk_full is None:
             return failure
-        who = said.split("] ", 1)[0].lstrip("[")
-        host, _, rank = who.partition("/")
-        who = f"Rank {rank} on {host}" if rank else f"Host {host}"
         stores = [h.checkpoint_store for h in self.hosts[:1] if h.checkpoint_store is not None]
         folders = stores + [f for h in self.hosts for f in (h.sandbox.checkpoint_dir, h.model_dir, h.output_data_dir)]
         sizes = {}
@@ -1064,14 +1061,20 @@ class _Run:
                     if path.name.endswith((".tmp", ".partial")) and path.lstat().st_mtime >= self.started_at - 1:
                         sizes[path] = size_of(path)
         gone = remove_half_written(folders, self.started_at)
+        written = f"{', '.join(p.name for p in gone)} ({megabytes(sum(sizes.get(p, 0) for p in gone))})"
+        if said is None:
+            line = self.disk_full + (f" What the run left half-written went: {written}." if gone else "")
+            return f"{line}\n  Fix: {DISK_FULL_FIX}"
+        who = said.split("] ", 1)[0].lstrip("[")
+        host, _, rank = who.partition("/")
+        who = f"Rank {rank} on {host}" if rank else f"Host {host}"
         where = gone[0].parent.resolve() if gone else (stores[0] if stores else self.workdir)
         what = "the checkpoint folder" if stores and where == stores[0] else f"in the run folder {self.workdir}"
-        needed = sum(sizes.get(p, 0) for p in gone)
         line = (f"{who} ran out of disk space (No space left on device) writing to {where} ({what}): "
                 f"{megabytes(free_bytes(where))} free there now")
         if gone:
-            line += (f", and the write that failed needed more than {megabytes(needed)} (what it had written of "
-                     f"{', '.join(p.name for p in gone)}, now removed)")
+            line += (f", and the write that failed needed more than {megabytes(sum(sizes.get(p, 0) for p in gone))} "
+                     f"(what it had written of {', '.join(p.name for p in gone)}, now removed)")
         return f"{line}.\n  Fix: {DISK_FULL_FIX}"
 
     def _segments(self, host: HostResult, text: str) -> list[tuple[str, str]]:

@@ -111,20 +111,22 @@ def run_local(
         )
 
 
-def check_checkpoint_folder(lab: Lab, args: Any, hosts: int, checkpoint_dir: Any) -> None:
+def check_checkpoint_folder(lab: Lab, args: Any, hosts: int, checkpoint_dir: Any, search: bool = False) -> None:
     """Refuse a local run whose every rank would save its shard of a checkpoint into its own host's folder
     (`Lab.checkpoints_shared`, lab 4) when the hosts share none: the first checkpoint would fail, after
-    minutes of training. `args`: the script's parsed hyperparameters."""
+    minutes of training. `args`: the script's parsed hyperparameters; `search`: the run is a trial of a
+    search (`workshop.tuning`), whose trials get no checkpoint folder."""
     flag = lab.checkpoint_flag
     every = getattr(args, flag.replace("-", "_"), 0) if flag else 0
     if not lab.checkpoints_shared or hosts < 2 or checkpoint_dir or not every:
         return
+    shared = ("a search's trials share none" if search
+              else "without --checkpoint-dir they share none")
     raise WorkshopError(
         f"Lab {lab.key!r} writes a checkpoint every {every} steps (--{flag}), each rank its own shard of it into "
-        f"one folder, and its {hosts} hosts share no checkpoint folder without --checkpoint-dir: its first "
-        "checkpoint would fail.",
-        f"pass --checkpoint-dir DIR (checkpoint_dir= in Python), the folder every host shares; or run on one host "
-        f"(--hosts 1); or write no checkpoint (--hp {flag}=0).",
+        f"one folder its {hosts} hosts must share, and {shared}: its first checkpoint would fail.",
+        ("" if search else "pass --checkpoint-dir DIR (checkpoint_dir= in Python), the folder every host shares; or ")
+        + f"run on one host (--hosts 1); or write no checkpoint (--hp {flag}=0).",
     )
 
 

@@ -174,13 +174,25 @@ def test_second_call_is_a_no_op(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert _mtimes(tmp_path) == before
 
 
-def test_incomplete_channels_are_rewritten(tmp_path: Path) -> None:
-    data.prepare_mnist(tmp_path, source="subset")
-    (tmp_path / "test" / "dataset.json").unlink()  # as if interrupted
+def test_incomplete_channels_are_rewritten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preparation cut short (Ctrl-C just before the last dataset.json) is the workshop's own
+    half-written folder, not data a user brought: the next call writes it again."""
+    atomic_write = data._atomic_write
+
+    def interrupted(path: Path, write) -> None:
+        if path == tmp_path / "test" / "dataset.json":
+            raise KeyboardInterrupt
+        atomic_write(path, write)
+
+    monkeypatch.setattr(data, "_atomic_write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        data.prepare_mnist(tmp_path, source="subset")
+    assert (tmp_path / "test" / "mnist.npz").is_file() and not (tmp_path / "test" / "dataset.json").exists()
+    monkeypatch.setattr(data, "_atomic_write", atomic_write)
     channels = data.prepare_mnist(tmp_path, source="subset")
-    assert channels.n_test == 1000
+    assert channels.n_test == 1000 and channels.source == "subset"
     assert (tmp_path / "test" / "dataset.json").is_file()
-    assert not list(tmp_path.rglob(".*.tmp"))
+    assert not list(tmp_path.rglob(".*.tmp")) and not (tmp_path / data.WRITING_MARK).exists()
 
 
 def test_subset_is_deterministic_across_processes(tmp_path: Path) -> None:

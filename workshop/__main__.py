@@ -26,6 +26,7 @@ without either, elsewhere, it stops with exit status 2 and creates nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -38,6 +39,7 @@ from workshop.errors import WorkshopError
 from workshop.labs import LABS, Lab, get_labs
 from workshop.runtime.processes import Terminated, sigterm_as_interrupt
 from workshop.runtime.progress import STALL_S
+from workshop.spec import given_as
 
 
 def parse_hp(items: list[str]) -> dict[str, Any]:
@@ -249,6 +251,12 @@ def run_infra(args: argparse.Namespace) -> int:
 
 
 def run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
+    # The scripts' checks of a fault given as --fault name that flag, not --hp fault=VALUE.
+    with given_as({"fault": "--fault kill-rank=R@step=S"}) if args.fault else contextlib.nullcontext():
+        return _run_one(lab, args, hps)
+
+
+def _run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
     from workshop.runner import run_local, run_on_sagemaker
 
     if args.mode == "local":
@@ -393,6 +401,26 @@ def run_many(labs: list[Lab], args: argparse.Namespace, hps: dict[str, Any]) -> 
     return 1 if failed else 0
 
 
+def check_fault_labs(labs: list[Lab]) -> None:
+    """Refuse --fault for a lab whose script cannot inject one (it has no --fault flag), before anything
+    starts: argparse's "unrecognized arguments" would not say which labs can."""
+    from workshop.search import script_flags
+
+    without = [lab for lab in labs if "fault" not in script_flags(lab)]
+    if not without:
+        return
+    able = [lab for lab in LABS.values() if "fault" in script_flags(lab)]
+    names = " and ".join(f"{lab.key} ({lab.label})" for lab in able) or "no lab"
+    example = able[0].key if able else "LAB"
+    raise WorkshopError(
+        f"--fault kills a rank on purpose to show a recovery, and {', '.join(lab.key for lab in without)} "
+        f"cannot inject one (its script has no --fault): faults are for {names}, whose ranks torchrun restarts "
+        "with --max-restarts.",
+        f"drop --fault, or run one of those with it, e.g. `python -m workshop run {example} "
+        "--fault kill-rank=1@step=30 --max-restarts 1`.",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # SIGTERM (`kill`, `timeout`, a cancelled CI job) stops what the command started as Ctrl-C does.
@@ -419,6 +447,7 @@ def _command(args: argparse.Namespace) -> int:
         if getattr(args, "fault", None):
             if "fault" in hps:
                 raise WorkshopError("--fault and --hp fault=... both given.", "give it once, as --fault.")
+            check_fault_labs(list(LABS.values()) if args.lab == "all" else get_labs(args.lab))
             hps["fault"] = args.fault
         if args.command == "tune":
             return run_tune(args, hps)

@@ -26,7 +26,7 @@ from workshop.labs import get_lab
 from workshop.runner import run_local, run_on_sagemaker
 from workshop.runtime.local_cluster import DEFAULT_RUNS_DIR, ClusterResult
 from workshop.runtime.progress import STALL_S
-from workshop.spec import Lab
+from workshop.spec import Lab, given_as
 from workshop.trace_report import ProfileReport
 
 TRACE_GLOB = "trace-rank*.json"
@@ -124,11 +124,13 @@ def profile(
         raise WorkshopError(f"{', '.join(sorted(sagemaker_fields))} appl(y/ies) to mode='sagemaker' only.",
                             "drop them, or profile with mode='sagemaker'.")
     hps = {**lab.profile_hyperparameters, **(hyperparameters or {}), lab.profile_flag: steps}
-    if mode == "sagemaker":
-        return _profile_on_sagemaker(lab, hosts=hosts, procs_per_host=procs_per_host, hps=hps, data_dir=data_dir,
-                                     runs_dir=runs_dir, echo=echo, confirm_cost=confirm_cost, **sagemaker_fields)
-    result: ClusterResult = run_local(lab, hosts=hosts, procs_per_host=procs_per_host, hyperparameters=hps,
-                                      data_dir=data_dir, runs_dir=runs_dir, echo=echo, verbose=verbose, stall_s=stall_s)
+    with given_as({lab.profile_flag: "--steps N"}):  # the script's checks name its flag; the user wrote --steps
+        if mode == "sagemaker":
+            return _profile_on_sagemaker(lab, hosts=hosts, procs_per_host=procs_per_host, hps=hps, data_dir=data_dir,
+                                         runs_dir=runs_dir, echo=echo, confirm_cost=confirm_cost, **sagemaker_fields)
+        result: ClusterResult = run_local(lab, hosts=hosts, procs_per_host=procs_per_host, hyperparameters=hps,
+                                          data_dir=data_dir, runs_dir=runs_dir, echo=echo, verbose=verbose,
+                                          stall_s=stall_s)
     layout = f"{len(result.hosts)} host(s), {result.world_size} rank(s)"
     report = report_from([h.output_data_dir for h in result.hosts], out_dir=result.workdir / "profile",
                          title=f"{lab.label}, {layout}")

@@ -104,13 +104,35 @@ def run_local(
         verbose=verbose,
         stall_s=stall_s,
     )
-    cluster.checkpoint_store(checkpoint_dir)  # a folder it cannot write fails now, not after the data
     hps = {**lab.local_hyperparameters, **(hyperparameters or {})}
-    lab.validate_hyperparameters(hps, world_size=cluster.world_size)  # types first: no data needed
-    channels = lab.data.prepare(data_dir)
-    lab.validate_hyperparameters(hps, world_size=cluster.world_size, train_samples=channels.n_train)
-    return cluster.run(
-        hps, channels.dirs, checkpoint_dir=checkpoint_dir, timeout_s=timeout_s, check=check
+    args = lab.validate_hyperparameters(hps, world_size=cluster.world_size)  # types first: no data needed
+    check_checkpoint_folder(lab, args, hosts, checkpoint_dir)
+    # A folder it cannot write, or one another job is using, fails now, not after the data; the lock is
+    # held until the run ends (`LocalCluster.run` takes it again for the run itself).
+    with cluster.checkpoint_lock(checkpoint_dir):
+        channels = lab.data.prepare(data_dir)
+        lab.validate_hyperparameters(hps, world_size=cluster.world_size, train_samples=channels.n_train)
+        return cluster.run(
+            hps, channels.dirs, checkpoint_dir=checkpoint_dir, timeout_s=timeout_s, check=check
+        )
+
+
+def check_checkpoint_folder(lab: Lab, args: Any, hosts: int, checkpoint_dir: Any, search: bool = False) -> None:
+    """Refuse a local run whose every rank would save its shard of a checkpoint into its own host's folder
+    (`Lab.checkpoints_shared`, lab 4) when the hosts share none: the first checkpoint would fail, after
+    minutes of training. `args`: the script's parsed hyperparameters; `search`: the run is a trial of a
+    search (`workshop.tuning`), whose trials get no checkpoint folder."""
+    flag = lab.checkpoint_flag
+    every = getattr(args, flag.replace("-", "_"), 0) if flag else 0
+    if not lab.checkpoints_shared or hosts < 2 or checkpoint_dir or not every:
+        return
+    shared = ("a search's trials share none" if search
+              else "without --checkpoint-dir they share none")
+    raise WorkshopError(
+        f"Lab {lab.key!r} writes a checkpoint every {every} steps (--{flag}), each rank its own shard of it into "
+        f"one folder its {hosts} hosts must share, and {shared}: its first checkpoint would fail.",
+        ("" if search else "pass --checkpoint-dir DIR (checkpoint_dir= in Python), the folder every host shares; or ")
+        + f"run on one host (--hosts 1); or write no checkpoint (--hp {flag}=0).",
     )
 
 

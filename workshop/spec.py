@@ -20,12 +20,13 @@ launcher and a data source provide. `CONTRIBUTING.md` walks through adding a lab
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib.util
 import io
 import json
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -149,6 +150,10 @@ class Lab:
     # The script flag whose value 0 means it writes no checkpoint (lab 4: checkpoint-every); a spot job
     # with it at 0 is refused, since an interruption would start it over. None: it always checkpoints.
     checkpoint_flag: str | None = None
+    # Every rank writes its own shard of each checkpoint into one folder (lab 4's FSDP), so hosts must
+    # share the checkpoint folder: a local run on several hosts with `checkpoint_flag` on needs a
+    # checkpoint_dir (`workshop.runner.check_checkpoint_folder`), refused before anything starts.
+    checkpoints_shared: bool = False
     # The script flag that turns on torch.profiler for N steps (one Chrome trace per rank under
     # SM_OUTPUT_DATA_DIR/profile; `workshop.profiling`), and the hyperparameters a profiling run
     # changes (e.g. one epoch, no mid-epoch checkpoints). None: the script cannot be profiled.
@@ -259,20 +264,40 @@ def check_max_restarts(lab: Lab, max_restarts: int) -> int:
     return max_restarts
 
 
+# How the hyperparameters being checked were given on the command line, where not as `--hp KEY=VALUE`:
+# set by the commands that take them otherwise (`given_as`), read by `split_fix`. A context variable,
+# not a parameter, because the checks run deep under each command (the local run, the job plan, the
+# tuning plan) and only the command knows which of its flags a value came from.
+_GIVEN_AS: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar("workshop_given_as", default=())
+
+
+@contextlib.contextmanager
+def given_as(spellings: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, a fix that names one of these hyperparameters says how it is written with the flag
+    the user used (`{"lr": "--param lr=A,B,..."}`, `{"profile-steps": "--steps N"}`), not `--hp KEY=VALUE`."""
+    token = _GIVEN_AS.set((*_GIVEN_AS.get(), *spellings.items()))
+    try:
+        yield
+    finally:
+        _GIVEN_AS.reset(token)
+
+
 def split_fix(text: str, hyperparameters: Mapping[str, Any]) -> tuple[str, str | None]:
     """A script's check message -> (the broken rules, the fix or None).
 
     The scripts' `check_args` convention: the rules, then " Fix: " and what to do about each,
     in the script's own flags (it also runs alone, on SageMaker). The fix then says once how the
-    first flag it names is written on the workshop's command line. `hyperparameters`: the
-    script's parsed arguments, which tell its flags from anything else the fix names.
+    first flag it names is written on the workshop's command line: `--hp KEY=VALUE`, or the flag
+    that gave it (`given_as`). `hyperparameters`: the script's parsed arguments, which tell its
+    flags from anything else the fix names.
     """
     rules, sep, fix = text.rpartition(" Fix: ")
     if not sep:
         return text, None
     flags = [f for f in re.findall(r"--([a-z][a-z0-9_-]*)", fix) if f.replace("-", "_") in hyperparameters]
     if flags:
-        fix = f"{fix.rstrip('.')}. On the command line: --hp {flags[0]}=VALUE."
+        spelled = dict(_GIVEN_AS.get()).get(flags[0], f"--hp {flags[0]}=VALUE")
+        fix = f"{fix.rstrip('.')}. On the command line: {spelled}."
     return rules.rstrip(". "), fix
 
 

@@ -44,12 +44,14 @@ from workshop.errors import WorkshopError
 from workshop.jobs import DryRunRequest
 from workshop.jobs.tuning import TuningOutcome
 from workshop.labs import find_lab, get_lab
-from workshop.runner import run_local, run_on_sagemaker
+from workshop.runner import check_checkpoint_folder, run_local, run_on_sagemaker
+from workshop.runtime.folders import FolderLock, check_free_space, new_folder
 from workshop.runtime.hostns import die_with_parent_from_start
 from workshop.runtime.local_cluster import (
     DEFAULT_RUNS_DIR,
     check_machine_fits,
     check_writable_folder,
+    run_folder_bytes,
 )
 from workshop.runtime.processes import (
     PARENT_ENV,
@@ -58,12 +60,14 @@ from workshop.runtime.processes import (
     sigterm_as_interrupt,
 )
 from workshop.search import Objective, SearchSpace
-from workshop.spec import Lab
+from workshop.spec import Lab, given_as
 
 POLL_S = 0.2
 HEARTBEAT_S = 10.0  # a local search prints a line at least this often while trials run
 STOP_GRACE_S = 30.0  # after Ctrl-C, how long a trial may take to stop its hosts before SIGTERM, then SIGKILL
 RESULT_FILE = "result.json"
+SEARCH_IN_USE_FIX = ("wait for that search to end (or stop it), or leave workdir unset (each search then gets a new folder "
+                     "of its own; CLI: --workdir DIR puts them under DIR/runs) or pass another one.")
 
 
 def say(message: str) -> None:
@@ -298,15 +302,18 @@ def tune(
     if parallel is not None and parallel < 1:
         raise WorkshopError(f"--parallel must be at least 1, got {parallel}.",
                             "pass --parallel 2 (trials running at once), or leave it out for the default.")
-    if mode == "sagemaker":
-        return _tune_on_sagemaker(lab, space, goal, parallel, fixed, hosts, procs_per_host, data_dir, dry_run,
-                                  {**sagemaker_fields, "confirm_cost": confirm_cost})
-    if dry_run:
-        raise WorkshopError("--dry-run applies to --mode sagemaker.", "drop --dry-run, or add --mode sagemaker.")
-    if sagemaker_fields:
-        raise WorkshopError(f"{', '.join(sorted(sagemaker_fields))} apply to mode='sagemaker' only.",
-                            "drop them, or pass mode='sagemaker'.")
-    return _tune_locally(lab, space, goal, parallel, fixed, hosts, procs_per_host, data_dir, workdir, runs_dir, plot)
+    # The script's checks of a searched value name the flag it was searched with, not --hp.
+    with given_as({name: f"--param {name}=VALUES" for name in space.names}):
+        if mode == "sagemaker":
+            return _tune_on_sagemaker(lab, space, goal, parallel, fixed, hosts, procs_per_host, data_dir, dry_run,
+                                      {**sagemaker_fields, "confirm_cost": confirm_cost})
+        if dry_run:
+            raise WorkshopError("--dry-run applies to --mode sagemaker.", "drop --dry-run, or add --mode sagemaker.")
+        if sagemaker_fields:
+            raise WorkshopError(f"{', '.join(sorted(sagemaker_fields))} apply to mode='sagemaker' only.",
+                                "drop them, or pass mode='sagemaker'.")
+        return _tune_locally(lab, space, goal, parallel, fixed, hosts, procs_per_host, data_dir, workdir, runs_dir,
+                             plot)
 
 
 def _tune_on_sagemaker(lab, space, goal, parallel, fixed, hosts, procs_per_host, data_dir, dry_run, fields):
@@ -347,7 +354,8 @@ def _tune_locally(lab, space, goal, parallel, fixed, hosts, procs_per_host, data
     combos = space.trials()
     base = {**lab.local_hyperparameters, **fixed}
     for combo in combos:  # names and types, before the data is even looked at
-        lab.validate_hyperparameters({**base, **combo}, world_size=world)
+        args = lab.validate_hyperparameters({**base, **combo}, world_size=world)
+        check_checkpoint_folder(lab, args, hosts, None, search=True)
     cpus = _usable_cpus()
     parallel = min(parallel or max(1, len(cpus) // world) or 1, len(combos))
     try:
@@ -355,13 +363,29 @@ def _tune_locally(lab, space, goal, parallel, fixed, hosts, procs_per_host, data
     except WorkshopError as exc:
         raise WorkshopError(f"{parallel} trial(s) at once: {exc.message}",
                             "run fewer at once (--parallel 1), or smaller trials (--hosts 1).") from None
-    folder = Path(workdir) if workdir else Path(runs_dir or DEFAULT_RUNS_DIR) / f"tune-{lab.key.replace('_', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
-    check_writable_folder(folder.parent if not folder.exists() else folder, "the search's folder",
-                          "pass workdir= (CLI: --workdir DIR), a folder you can write.")
-    channels = lab.data.prepare(data_dir)  # once, before any trial: the trials only read it
-    for combo in combos:
-        lab.validate_hyperparameters({**base, **combo}, world_size=world, train_samples=channels.n_train)
-    folder.mkdir(parents=True, exist_ok=True)
+    parent = Path(workdir) if workdir else Path(runs_dir or DEFAULT_RUNS_DIR)
+    fix = "pass workdir= (CLI: --workdir DIR), a folder you can write."
+    check_writable_folder(parent, "the search's folder", fix)
+    check_free_space(parent, len(combos) * run_folder_bytes(lab.source_dir, hosts, lab.distributed_config(procs)),
+                     f"the search's folder ({len(combos)} trial(s), each a run folder with its hosts' copies of the code "
+                     "and their logs)", "free space on that disk, or pass workdir= (CLI: --workdir DIR) on a disk with room.")
+    with contextlib.ExitStack() as held:
+        # One search per folder: one given by name is this search's while it runs (another is refused, named),
+        # and a new one is made under a name no other search has, even one started in the same second.
+        if workdir:
+            held.enter_context(FolderLock(workdir, "the search's folder", SEARCH_IN_USE_FIX))
+        channels = lab.data.prepare(data_dir)  # once, before any trial: the trials only read it
+        for combo in combos:
+            lab.validate_hyperparameters({**base, **combo}, world_size=world, train_samples=channels.n_train)
+        if workdir:
+            folder = Path(workdir).resolve()
+        else:
+            folder = new_folder(parent, f"tune-{lab.key.replace('_', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
+            held.enter_context(FolderLock(folder, "the search's folder", SEARCH_IN_USE_FIX))
+        return _search(lab, space, goal, parallel, fixed, hosts, procs, data_dir, plot, folder, base, combos, cpus)
+
+
+def _search(lab, space, goal, parallel, fixed, hosts, procs, data_dir, plot, folder, base, combos, cpus) -> TuneResult:
     shares = core_shares(cpus, parallel)
     result = TuneResult(lab=lab, objective=goal, space=space, mode="local", folder=folder.resolve(), fixed=fixed,
                         trials=[Trial(i + 1, combo) for i, combo in enumerate(combos)],

@@ -35,14 +35,16 @@ class CostEstimate:
     source: str
     trials: int = 1  # a tuning job: this many training jobs, each of instance_count instances
     spot: bool = False  # managed spot training: billed at the spot price, never above on-demand
+    parallel: int = 1  # a tuning job: at most this many trials run at once
 
     def bound(self) -> str:
-        """The bound in one phrase: "at most $1.41 (2 x ml.g5.xlarge x $1.408/h x 0.5 h)"."""
+        """The bound in one phrase: "at most $1.41 (2 x ml.g5.xlarge x $1.408/h x 0.5 h)"; with no price on
+        record, that there is no bound, and what it would multiply."""
         n, t, hours = self.instance_count, self.instance_type, self.max_run_s / 3600
+        trials = f"{self.trials} trials x " if self.trials > 1 else ""
         if self.upper_bound_usd is None:
-            text = f"an amount the workshop cannot bound (no price on record for {t}; {n} instance(s) for {hours:g} h)"
+            text = f"an amount the workshop cannot bound (no price on record for {t}; {trials}{n} instance(s) for {hours:g} h)"
         else:
-            trials = f"{self.trials} trials x " if self.trials > 1 else ""
             text = f"at most ${self.upper_bound_usd:,.2f} ({trials}{n} x {t} x ${self.hourly_usd:.3f}/h x {hours:g} h)"
         if self.network_egress:
             text += f", plus ${self.network_hourly_usd:.3f} per hour for the workshop network while it exists"
@@ -51,8 +53,9 @@ class CostEstimate:
     def lines(self) -> list[str]:
         n, t = self.instance_count, self.instance_type
         hours = self.max_run_s / 3600
+        at_once = min(self.parallel, self.trials)
         if self.hourly_usd is None:
-            out = [f"cost: no price on record for {t}; see https://aws.amazon.com/sagemaker/pricing/"]
+            out = [f"cost: {self.bound()}; see https://aws.amazon.com/sagemaker/pricing/"]
         else:
             trials = f"{self.trials} trials x " if self.trials > 1 else ""
             out = [
@@ -68,12 +71,16 @@ class CostEstimate:
             if self.trials > 1:
                 out.append(f"cost: one trial at most ${self.upper_bound_usd / self.trials:,.2f}; trials running at once "
                            "cost the same in total, they only finish sooner")
+            if at_once > 1:  # what the account is billed while the most trials run together
+                out.append(f"cost: {at_once} trials at once are {at_once * n} x {t}: "
+                           f"${at_once * n * self.hourly_usd:,.2f} per hour while they run")
             if self.typical_usd is not None:
                 out.append(f"cost: typically ${self.typical_usd:,.2f} ({self.typical_run_s} s billed"
                            + (" per trial)" if self.trials > 1 else ")"))
             else:
+                each = f" with {at_once} trials running ({at_once * n} instances)" if at_once > 1 else ""
                 out.append("cost: typical run time on SageMaker not measured yet; each minute costs "
-                           f"${n * self.hourly_usd / 60:.3f}")
+                           f"${at_once * n * self.hourly_usd / 60:.3f}{each}")
         if self.network_egress:
             out.append(
                 f"cost: the workshop network ({self.network_egress}) adds ${self.network_hourly_usd:.3f} per hour "
@@ -92,8 +99,10 @@ def estimate_cost(
     network_egress: str | None = None,
     trials: int = 1,
     spot: bool = False,
+    parallel: int = 1,
 ) -> CostEstimate:
-    """instances x hourly price x max_run hours (x trials, for a tuning job): the most it can cost."""
+    """instances x hourly price x max_run hours (x trials, for a tuning job): the most it can cost.
+    `parallel`: a tuning job's trials at once, for what they cost per hour together."""
     price = INSTANCE_PRICES.get(instance_type)
     hourly = price.usd_per_hour if price else None
     typical_s = TYPICAL_RUN_S.get(lab_key or "")
@@ -110,6 +119,7 @@ def estimate_cost(
         source=price.source if price else "no price on record",
         trials=trials,
         spot=spot,
+        parallel=parallel,
     )
 
 

@@ -267,7 +267,7 @@ def preflight(
                           spot=bool(getattr(plan, "spot", False))),
         cost=estimate_cost(plan.instance_type, plan.instance_count, plan.max_run_s, lab_key=plan.lab.key,
                            network_egress=network_egress, trials=tuning.n_trials if tuning is not None else 1,
-                           spot=bool(getattr(plan, "spot", False))),
+                           spot=bool(getattr(plan, "spot", False)), parallel=parallel),
     )
     if show:
         for line in report.lines():
@@ -290,7 +290,8 @@ def dry_run_lines(plan: Any, role_arn: str, network_egress: str | None, *, trial
         out = ["network: none (SageMaker's own network; pass network=True for the workshop VPC)"]
     out.append(f"role: {role_arn}")
     out += estimate_cost(plan.instance_type, plan.instance_count, plan.max_run_s, lab_key=plan.lab.key,
-                         network_egress=network_egress, trials=trials, spot=bool(getattr(plan, "spot", False))).lines()
+                         network_egress=network_egress, trials=trials, spot=bool(getattr(plan, "spot", False)),
+                         parallel=parallel).lines()
     need = plan.instance_count * parallel
     out.append("preflight needing an account (skipped in a dry run): credentials (sts:GetCallerIdentity), "
                "the role (iam:GetRole), permissions (iam:SimulatePrincipalPolicy), "

@@ -35,6 +35,9 @@ INSTANCE_PRICES: dict[str, Price] = {
     "ml.g5.12xlarge": Price(7.09, _SECONDARY + "three tables agree"),
     "ml.p3.2xlarge": Price(3.825, _SECONDARY + "two tables agree (3.825/3.83)"),
     "ml.p4d.24xlarge": Price(37.688, _SECONDARY + "one table (37.69)"),
+    # SMP v2's third instance type (4_model_parallel/lab.py): 8 x H100. The table that gives it gives
+    # ml.p4d.24xlarge as 37.69, as above; EC2's own p5.48xlarge (not SageMaker's) is listed at 98.32.
+    "ml.p5.48xlarge": Price(113.14, _SECONDARY + "one table (113.14)"),
 }
 
 

@@ -11,10 +11,12 @@ Every tenth topic (sorted by name) goes to `test`, the rest to `train`, each as 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from typing import Any
 from workshop import REPO_ROOT
 from workshop.cloud import aws
 from workshop.errors import WorkshopError
+from workshop.runtime.folders import check_free_space, disk_full_message, is_disk_full
 
 CORPUS_FILE = "corpus.txt"
 
@@ -61,25 +64,43 @@ def corpus_texts() -> dict[str, str]:
     }
 
 
+SOURCE_PREFIX = "pydoc_data.topics of CPython"  # how the workshop's dataset.json names what it wrote
+
+
 def prepare_corpus(directory: str | os.PathLike[str] | None = None) -> CorpusChannels:
-    """Write `DIR/train/corpus.txt` and `DIR/test/corpus.txt` (idempotent)."""
+    """Write `DIR/train/corpus.txt` and `DIR/test/corpus.txt` (idempotent). A corpus the workshop did not
+    write there is never replaced: checked and used as it is (`users_corpus`), or refused when only some
+    channels are there. The space the files need is checked before any is written."""
     root = Path(directory or DEFAULT_DATA_DIR).expanduser()
-    source = f"pydoc_data.topics of CPython {sys.version.split()[0]}"
+    source = f"{SOURCE_PREFIX} {sys.version.split()[0]}"
     fix = ("pass --data-dir a folder you can write (it is made if missing), or --workdir DIR (the data "
            "then goes to DIR/data); in Python, prepare_corpus(FOLDER).")
     if root.exists() and not root.is_dir():
         raise WorkshopError(f"The corpus data folder {root} is a file, not a folder.", fix)
+    texts = {channel: text.encode("ascii", "replace")  # a few non-ASCII characters become '?'
+             for channel, text in corpus_texts().items()}
+    theirs = users_corpus(root, texts)
+    if theirs is not None:
+        return theirs
     sizes = {}
     try:
-        for channel, text in corpus_texts().items():
-            data = text.encode("ascii", "replace")  # a few non-ASCII characters become '?'
+        for channel, data in texts.items():
             folder = root / channel
-            folder.mkdir(parents=True, exist_ok=True)
             path = folder / CORPUS_FILE
             if not path.is_file() or path.read_bytes() != data:
-                tmp = path.with_name("." + path.name + ".tmp")
-                tmp.write_bytes(data)
-                os.replace(tmp, path)
+                check_free_space(root, len(data) + 4096, f"the corpus channel {channel}", fix)
+                folder.mkdir(parents=True, exist_ok=True)
+                # A name of its own: two commands preparing the folder at once never write one file together.
+                fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{CORPUS_FILE}.", suffix=".tmp")
+                try:
+                    with os.fdopen(fd, "wb") as handle:
+                        handle.write(data)
+                    os.chmod(tmp, 0o644)
+                    os.replace(tmp, path)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
             # Written only when it changes: a prepared folder in a read-only checkout is only read.
             meta = folder / "dataset.json"
             described = json.dumps({"source": source, "characters": len(data)}) + "\n"
@@ -87,8 +108,50 @@ def prepare_corpus(directory: str | os.PathLike[str] | None = None) -> CorpusCha
                 meta.write_text(described)
             sizes[channel] = len(data)
     except OSError as exc:
+        if is_disk_full(exc):
+            raise WorkshopError(disk_full_message(root, "writing the corpus channels", sum(map(len, texts.values()))),
+                                fix) from None
         raise WorkshopError(f"Cannot write the corpus channels under {root}: {exc.strerror or exc}.", fix) from None
     return CorpusChannels(root / "train", root / "test", sizes["train"], sizes["test"], root, source)
+
+
+def users_corpus(root: Path, texts: dict[str, bytes]) -> CorpusChannels | None:
+    """The corpus in `root` if the workshop did not write it (a corpus.txt that is neither the text the
+    workshop writes, `texts`, nor described by the workshop's dataset.json): checked (`check_channel`) and
+    returned to be used as it is, said so; None when there is none. Only some channels there: refused with
+    the fix. A corpus.txt the workshop wrote and someone changed since is refused by `check_channel`."""
+    theirs = []
+    for channel, data in texts.items():
+        folder = root / channel
+        try:
+            content = (folder / CORPUS_FILE).read_bytes()
+        except OSError:
+            continue
+        if content == data:
+            continue
+        try:
+            meta = json.loads((folder / "dataset.json").read_text())
+        except (OSError, ValueError):
+            meta = None
+        if isinstance(meta, dict) and str(meta.get("source", "")).startswith(SOURCE_PREFIX):
+            check_channel(folder)  # the workshop's, from another Python (replaced), unless changed since
+            continue
+        theirs.append(channel)
+    if not theirs:
+        return None
+    files = ", ".join(str(root / c / CORPUS_FILE) for c in theirs)
+    missing = [str(root / c / CORPUS_FILE) for c in CHANNELS if not (root / c / CORPUS_FILE).is_file()]
+    if missing:
+        raise WorkshopError(
+            f"{files} {'is' if len(theirs) == 1 else 'are'} not the workshop's corpus, and {', '.join(missing)} is "
+            "missing: the workshop does not replace data it did not write.",
+            f"add the missing channel ({CORPUS_FILE}, text) to use your corpus; or pass --data-dir another folder "
+            f"(prepare_corpus(OTHER) in Python), where the workshop writes its own; or delete {files}.",
+        )
+    train, test = (check_channel(root / channel) for channel in CHANNELS)
+    print(f"corpus: using the text in {root} as it is: {train:,} train / {test:,} test bytes, checked (the workshop "
+          "did not write it, so it does not replace it).")
+    return CorpusChannels(root / "train", root / "test", train, test, root, f"{CORPUS_FILE} files in {root}")
 
 
 def check_channel(channel_dir: str | os.PathLike[str]) -> int:

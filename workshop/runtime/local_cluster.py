@@ -55,11 +55,13 @@ Reliability lives here too:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -90,6 +92,18 @@ from workshop.runtime.contract import (
     container_process_env,
     host_names,
     write_sm_drivers,
+)
+from workshop.runtime.folders import (
+    DISK_FULL_FIX,
+    FolderLock,
+    check_free_space,
+    disk_full_message,
+    free_bytes,
+    is_disk_full,
+    megabytes,
+    new_folder,
+    remove_half_written,
+    size_of,
 )
 from workshop.runtime.processes import MARKER, PARENT_ENV, DeferredInterrupt, processes_with_marker
 from workshop.runtime.progress import STALL_S, JobProgress, progress_total
@@ -431,6 +445,53 @@ def check_writable_folder(path: str | Path, what: str, fix: str) -> Path:
     return path
 
 
+CHECKPOINT_IN_USE_FIX = ("wait for that job to end (or stop it), or give this run another folder: --checkpoint-dir DIR "
+                         "(checkpoint_dir= in Python). A job that was killed holds nothing: its lock went with it.")
+WORKDIR_IN_USE_FIX = ("wait for that job to end (or stop it), or leave workdir unset (each run then gets a new folder "
+                      "of its own) or pass another one.")
+LOG_ROOM_PER_HOST = 512 * 1024  # room for a host's logs, an estimate: a lab's 2-step run writes about 20 KB per host
+# sm_train.sh's and the ranks' words for a full disk (an OSError's, and torch's, which wraps it)
+_DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|Disk quota exceeded|\[Errno 122\]")
+
+
+def run_folder_bytes(source_dir: Path, hosts: int, distributed: Any = None, container: bool = True) -> int:
+    """What a run folder needs before any rank writes (see `LocalCluster.space_needed`)."""
+    code = size_of(source_dir)
+    drivers = 0
+    if container:
+        from sagemaker.train.constants import SM_DRIVERS_LOCAL_PATH
+
+        drivers = size_of(Path(SM_DRIVERS_LOCAL_PATH))
+        if distributed is not None and getattr(distributed, "driver_dir", None):
+            drivers += size_of(Path(distributed.driver_dir))
+    return drivers + hosts * (code + drivers + LOG_ROOM_PER_HOST)
+
+
+def check_checkpoint_space(store: Path) -> None:
+    """Refuse a checkpoint folder whose disk cannot take one more checkpoint as big as the biggest one
+    it holds (a save writes the new one whole beside the old before either goes). Half-written `.tmp`
+    files and `.partial` folders count as free: the next save replaces them. A folder with no
+    checkpoint yet passes: its checkpoints' size is not known before the first."""
+    if not store.is_dir():
+        return
+    sizes, stale = [0], 0
+    for entry in store.iterdir():
+        if entry.name.startswith("."):
+            continue
+        if entry.name.endswith((".tmp", ".partial")):
+            stale += size_of(entry)
+        else:
+            sizes.append(size_of(entry))
+    need = max(sizes)
+    if free_bytes(store) + stale < need:
+        raise WorkshopError(
+            f"Not enough disk space for the next checkpoint in {store}: {megabytes(free_bytes(store) + stale)} free "
+            f"(half-written files included), and a checkpoint there takes {megabytes(need)} (the biggest it holds).",
+            "free space on that disk, or pass --checkpoint-dir a folder on a disk with room (copy the checkpoint "
+            "there to resume from it).",
+        )
+
+
 def _link_checkpoints(folder: Path, store: Path) -> None:
     """Make a sandbox's new, empty checkpoint folder a link to `store` (the process runtime)."""
     try:
@@ -718,9 +779,25 @@ class LocalCluster:
             "pass --checkpoint-dir (checkpoint_dir= in Python) a folder you can write.",
         )
 
+    @classmethod
+    def checkpoint_lock(cls, checkpoint_dir: str | Path | None) -> contextlib.AbstractContextManager:
+        """`with cluster.checkpoint_lock(checkpoint_dir):` `checkpoint_dir` is checked (`checkpoint_store`) and
+        this job's until the block ends; another job using it is refused, named (nothing to lock without one).
+        For callers with work to do before `run` (preparing the data), so that the refusal comes first."""
+        store = cls.checkpoint_store(checkpoint_dir)
+        if store is None:
+            return contextlib.nullcontext()
+        return FolderLock(store, "the checkpoint folder", CHECKPOINT_IN_USE_FIX)
+
     def resolve_runtime(self) -> tuple[str, str]:
         """("container" or "process", why), as `run` will use it."""
         return choose_runtime(self.runtime)
+
+    def space_needed(self) -> int:
+        """Bytes the run folder needs before any rank writes: each host's copy of the code (and, in the
+        container runtime, of the SDK's drivers, plus the job's own copy) and room for its logs."""
+        return run_folder_bytes(self.source_dir, self.hosts, self.distributed,
+                                container=self.resolve_runtime()[0] == "container")
 
     def run(
         self,
@@ -742,10 +819,52 @@ class LocalCluster:
         labs' scripts read and write it from rank 0 only (lab 1: through the coordinator, on
         algo-1), so hosts never race on a file. Without it, each host has a folder of its own
         in its sandbox.
+
+        One folder, one job (`workshop.runtime.folders`): the run folder is made here under a name no
+        other run has; a `workdir` or `checkpoint_dir` another job is using is refused, naming it. A disk
+        without the room the run folder's copies (or the next checkpoint) need is refused before
+        anything is written, and a disk that fills up during the run stops it with one line naming the
+        folder, after removing what was left half-written.
         """
         hyperparameters = dict(hyperparameters or {})
         chans = self._check_channels(channels or {})
         store = self.checkpoint_store(checkpoint_dir)
+        space_fix = ("free space on that disk, or run with --workdir DIR on a disk with room (in Python, "
+                     "workdir= or runs_dir=).")
+        with contextlib.ExitStack() as held:
+            if store is not None:
+                held.enter_context(FolderLock(store, "the checkpoint folder", CHECKPOINT_IN_USE_FIX))
+                check_checkpoint_space(store)
+            if self.workdir is not None:
+                held.enter_context(FolderLock(self.workdir, "the run folder", WORKDIR_IN_USE_FIX))
+            parent = self.workdir if self.workdir is not None else self.runs_dir
+            check_free_space(parent, self.space_needed(),
+                             f"the run folder (the code and drivers each of {self.hosts} host(s) gets, and its logs)",
+                             space_fix)
+            stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+            if self.workdir is None:  # made now, under a name no other run can take
+                workdir = new_folder(self.runs_dir, f"{self.name}-{stamp}")
+                job_name = workdir.name
+            else:
+                workdir, job_name = self.workdir.resolve(), f"{self.name}-{stamp}-{uuid.uuid4().hex[:4]}"
+            try:
+                result = self._run(hyperparameters, chans, store, workdir, job_name, timeout_s)
+            except (OSError, shutil.Error) as exc:  # setting up the run folder: no host has started (see _Run)
+                if not is_disk_full(exc):
+                    raise
+                if self.workdir is None:  # nothing half-made is left to hold the space
+                    shutil.rmtree(workdir, ignore_errors=True)
+                raise WorkshopError(
+                    disk_full_message(workdir, "setting up the run folder (the hosts' copies of the code)",
+                                      self.space_needed())
+                    + (" The run folder was removed." if self.workdir is None else ""),
+                    space_fix,
+                ) from None
+        return result.check() if check else result
+
+    def _run(self, hyperparameters: dict[str, Any], chans: dict[str, Path], store: Path | None, workdir: Path,
+             job_name: str, timeout_s: float | None) -> ClusterResult:
+        """`run` in its folder, with its folders locked."""
         if store is not None:
             store.mkdir(parents=True, exist_ok=True)
         runtime, why = self.resolve_runtime()
@@ -755,9 +874,6 @@ class LocalCluster:
             port = SAGEMAKER_MASTER_PORT
         else:
             port = self.master_port or self._pick_port()
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        job_name = f"{self.name}-{stamp}-{uuid.uuid4().hex[:4]}"
-        workdir = (self.workdir or self.runs_dir / job_name).resolve()
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
         cluster_id = uuid.uuid4().hex
         names = host_names(self.hosts)
@@ -879,7 +995,7 @@ class LocalCluster:
         )
         status = "succeeded" if result.ok else f"FAILED (exit status {returncode})"
         self._say(f"Local job {job_name} {status} in {result.wall_time_s:.1f} s. Logs: {result.log_path}")
-        return result.check() if check else result
+        return result
 
     def _say(self, text: str) -> None:
         if self.echo:
@@ -921,6 +1037,9 @@ class _Run:
         self.failed_stalled = False  # the job failed (or ran out of time) during a stall, or just after one
         self._cpu_sample: tuple[float, dict[tuple[str, str], float]] | None = None  # during a silence
         self.at_failure: _Silence | None = None  # who was answering when the job failed or ran out of time
+        self.disk_full: str | None = None  # the line that says a log could not be written for a full disk
+        self.log_errors: set[Path] = set()  # logs given up for another error (said once each)
+        self.started_at = time.time()  # what the run wrote is newer than this
 
     def _start(self) -> None:
         """Start every host; a Ctrl-C meanwhile stops the start between two hosts.
@@ -954,10 +1073,14 @@ class _Run:
         partial: dict[str, str] = {}  # rank -> text of a line not yet ended
         # Line-buffered: `tail -f runs/<job>/logs/algo-1.log` (or a test waiting for a line) sees
         # each line as it comes, not a buffer's worth later.
-        with open(host.log_path, "w", encoding="utf-8", buffering=1) as log:
+        # A log that cannot be written (a full disk) is given up, not the host's output: the lines go on
+        # to the display, the failure report and the host's pipe is kept drained (a host blocked on a
+        # full pipe would hang).
+        log = self._open_log(host.log_path)
+        try:
             for raw in iter(proc.stdout.readline, b""):
                 text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                log.write(text + "\n")
+                log = self._write_log(log, host.log_path, text)
                 segments = self._segments(host, text)
                 for rank, piece in segments[:-1]:
                     partial[rank] = partial.get(rank, "") + piece
@@ -965,9 +1088,77 @@ class _Run:
                 line = partial.pop(rank, "") + piece
                 tag = f"[{host.name}/{rank}]" if rank else f"[{host.name}]"
                 self.lines.put((host.name, rank, f"{tag} {line}"))
+        finally:
+            if log is not None:
+                with contextlib.suppress(OSError):
+                    log.close()
         for rank, piece in partial.items():  # output that never got its newline
             self.lines.put((host.name, rank, f"[{host.name}/{rank}] {piece}" if rank else f"[{host.name}] {piece}"))
         proc.stdout.close()
+
+    def _open_log(self, path: Path) -> Any:
+        try:
+            return open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed by the caller
+        except OSError as exc:
+            self._log_failed(path, exc)
+            return None
+
+    def _write_log(self, log: Any, path: Path, text: str) -> Any:
+        """Write one line to `log`; the log (None once it failed) to write the next one to."""
+        if log is None:
+            return None
+        try:
+            log.write(text + "\n")
+            return log
+        except OSError as exc:
+            self._log_failed(path, exc)
+            with contextlib.suppress(OSError):
+                log.close()
+            return None
+
+    def _log_failed(self, path: Path, exc: OSError) -> None:
+        """A log could not be written: a full disk stops the job (its ranks' own writes are next); any
+        other error is said once, and the run goes on without that log."""
+        if is_disk_full(exc):
+            if self.disk_full is None:
+                self.disk_full = disk_full_message(self.workdir, f"writing the log {path.name}") + " The job was stopped."
+        elif path not in self.log_errors:
+            self.log_errors.add(path)
+            print(f"warning: cannot write the log {path} ({exc.strerror or exc}); the run goes on without it.",
+                  file=sys.stderr, flush=True)
+
+    def _disk_full_failure(self, failure: str | None) -> str | None:
+        """A failure that a full disk caused, as one line naming the folder (and what the write that failed
+        needed), once what the run left half-written is removed; else `failure` as it was. A rank's own
+        word for it comes first; else a log that could not be written (which may have stopped the job
+        while a rank was still writing its checkpoint)."""
+        said = next((line for line in self.all_lines if _DISK_FULL.search(line)), None)
+        if said is None and self.disk_full is None:
+            return failure
+        stores = [h.checkpoint_store for h in self.hosts[:1] if h.checkpoint_store is not None]
+        folders = stores + [f for h in self.hosts for f in (h.sandbox.checkpoint_dir, h.model_dir, h.output_data_dir)]
+        sizes = {}
+        for folder in folders:  # sized before they go: the write that failed needed more than that
+            for path in folder.iterdir() if folder.is_dir() else ():
+                with contextlib.suppress(OSError):
+                    if path.name.endswith((".tmp", ".partial")) and path.lstat().st_mtime >= self.started_at - 1:
+                        sizes[path] = size_of(path)
+        gone = remove_half_written(folders, self.started_at)
+        written = f"{', '.join(p.name for p in gone)} ({megabytes(sum(sizes.get(p, 0) for p in gone))})"
+        if said is None:
+            line = self.disk_full + (f" What the run left half-written went: {written}." if gone else "")
+            return f"{line}\n  Fix: {DISK_FULL_FIX}"
+        who = said.split("] ", 1)[0].lstrip("[")
+        host, _, rank = who.partition("/")
+        who = f"Rank {rank} on {host}" if rank else f"Host {host}"
+        where = gone[0].parent.resolve() if gone else (stores[0] if stores else self.workdir)
+        what = "the checkpoint folder" if stores and where == stores[0] else f"in the run folder {self.workdir}"
+        line = (f"{who} ran out of disk space (No space left on device) writing to {where} ({what}): "
+                f"{megabytes(free_bytes(where))} free there now")
+        if gone:
+            line += (f", and the write that failed needed more than {megabytes(sum(sizes.get(p, 0) for p in gone))} "
+                     f"(what it had written of {', '.join(p.name for p in gone)}, now removed)")
+        return f"{line}.\n  Fix: {DISK_FULL_FIX}"
 
     def _segments(self, host: HostResult, text: str) -> list[tuple[str, str]]:
         """`"a[default0]:b[default1]:c"` -> `[("", "a"), ("0", "b"), ("1", "c")]` (global ranks)."""
@@ -1000,7 +1191,7 @@ class _Run:
             self.tails.setdefault((host, rank), deque(maxlen=400)).append((len(self.all_lines), line))
             self.all_lines.append(line)
             self.last_line_at[(host, rank)] = self.last_line_any = time.monotonic()
-            self._combined.write(line + "\n")
+            self._combined = self._write_log(self._combined, self.workdir / "logs" / "cluster.log", line)
             if not rank and host not in self.driver_started and _DRIVER_START.match(line.split("] ", 1)[-1]):
                 self.driver_started[host] = time.monotonic() - self.t0
             if self.display is not None:
@@ -1051,6 +1242,9 @@ class _Run:
                             failure += "\n" + "\n".join(self._silence_lines(
                                 self.at_failure, f"No rank had written a line for {self.at_failure.quiet_s:.0f} s."))
                         break
+                    if self.disk_full is not None:  # a log could not be written: the ranks' writes fail next
+                        returncode = 1
+                        break
                     self._watch_stall()
             finally:
                 # Also on KeyboardInterrupt (Ctrl-C, a notebook's interrupt): nothing outlives the run.
@@ -1067,6 +1261,8 @@ class _Run:
                     self.wall_time_s = time.monotonic() - t0
         if failed_host is not None:
             failure = self._describe_failure(failed_host, returncode)
+        if returncode not in (0, 124):
+            failure = self._disk_full_failure(failure)
         return returncode, failure, self.all_lines
 
     def _describe_failure(self, i: int, code: int) -> str:
@@ -1155,7 +1351,7 @@ class _Run:
 
     def _say_stall(self, lines: list[str], quiet_s: float | None) -> None:
         for line in lines:
-            self._combined.write(line + "\n")
+            self._combined = self._write_log(self._combined, self.workdir / "logs" / "cluster.log", line)
         if self.display is not None:
             if quiet_s is None:
                 self.display.recovered(lines)

@@ -189,7 +189,7 @@ if [ -n "${WORKSHOP_WHEELHOUSE:-}" ]; then
 fi
 
 if [ "${HOROVOD_COMPILE:-1}" = 0 ]; then
-    log "no installed, cached or shared wheel for $BUILT_FOR: only a compile gives one (HOROVOD_COMPILE=0: not now)"
+    log "no installed, cached or shared wheel for $BUILT_FOR: it must be compiled (HOROVOD_COMPILE=0: not here)"
     exit 3
 fi
 

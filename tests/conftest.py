@@ -452,7 +452,7 @@ def env_without_horovod(root: Path) -> Path:
     """A throwaway venv under `root` that sees this environment's packages (torch, pip, Horovod's
     dependencies) except Horovod: an image, or a fresh set-up, that lacks only Horovod. Returns its
     python. (It does not see the editable `workshop`: put the checkout on PYTHONPATH where needed.)"""
-    import site
+    import importlib.util
     import venv
 
     venv.EnvBuilder(with_pip=False, symlinks=True).create(root / "venv")
@@ -461,7 +461,8 @@ def env_without_horovod(root: Path) -> Path:
                               capture_output=True, text=True, check=True).stdout.strip())
     farm = root / "packages"
     farm.mkdir()
-    for entry in Path(site.getsitepackages()[0]).iterdir():
+    packages = Path(importlib.util.find_spec("torch").origin).parent.parent  # this environment's (or the one it sees)
+    for entry in packages.iterdir():
         if not entry.name.lower().startswith("horovod"):
             (farm / entry.name).symlink_to(entry)
     (own / "workshop-env.pth").write_text(f"{farm}\n")

@@ -239,8 +239,10 @@ class Status:
             when = f"since {_clock(self.started)}, {_minutes(self.elapsed_s)} in" if self.started else "just started"
             if left is None:
                 eta = ""
-            elif left > 0:
+            elif left >= 30:
                 eta = f", about {_minutes(left)} left"
+            elif left > 0:
+                eta = ", under a minute left"
             else:
                 eta = f", longer than the {_minutes(self.estimate_s)} estimated"
             return f"Horovod: building in the background ({when}{eta}; {log})"
@@ -268,6 +270,10 @@ class Status:
         return f"build it: `{RETRY}` (waits for it), or `{START}` (in the background)"
 
     def line(self) -> str:
+        """The message and what to do: for a running build how to follow it, else the fix."""
+        if self.state == "building":
+            return (f"{self.message()}\n  Labs 1, 3 and 4 do not need it. `python -m workshop horovod` says how far it "
+                    f"is; `{WAIT}` waits for it.")
         fix = self.fix()
         return self.message() + (f"\n  Fix: {fix}" if fix else "")
 
@@ -480,11 +486,11 @@ def worker(lock_fd: int, estimate_s: float, estimate_from: str, script: Path = B
 
 
 def wait(echo: Callable[[str], None] = print, every_s: float = PROGRESS_EVERY_S, poll_s: float = 2.0,
-         timeout_s: float | None = None) -> Status:
-    """Wait while a build runs, with a status line at once and then every `every_s` seconds;
-    returns the status it ended in (or the running one after `timeout_s`)."""
+         timeout_s: float | None = None, shown_at: float | None = None) -> Status:
+    """Wait while a build runs, with a status line at once (unless one was shown at `shown_at`) and
+    then every `every_s` seconds; returns the status it ended in (or the running one after `timeout_s`)."""
     began = _now()
-    shown = None
+    shown = shown_at
     while True:
         status = read_status()
         if status.state != "building":
@@ -504,7 +510,7 @@ def wait_until_ready(echo: Callable[[str], None] = print) -> Status:
     if status.state == "building":
         echo(f"{status.message()}. Waiting for it, with a line every {PROGRESS_EVERY_S} s (labs 1, 3 and 4 do not "
              "need it; interrupting stops only this wait, not the build).")
-        status = wait(echo)
+        status = wait(echo, shown_at=_now())
     if status.state != "ready":
         raise HorovodNotReady(status.message(), status.fix())
     echo(status.message())
@@ -687,7 +693,15 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 def run(args: argparse.Namespace) -> int:
     """The exit status: 0 when the action did what it says (status: Horovod is ready or building;
-    --wait and build: ready), 1 otherwise."""
+    --wait and build: ready), 1 otherwise; 130 when a wait was interrupted (the build goes on)."""
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print(f"Stopped waiting; the build goes on in the background (`{WAIT}`).", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
     def echo(line: str) -> None:
         print(line, flush=True)
 
@@ -722,9 +736,6 @@ def main(argv: list[str] | None = None) -> int:
     except WorkshopError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"Stopped waiting; the build goes on in the background (`{WAIT}`).", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

@@ -82,9 +82,11 @@ lab: setup
 		$(BIN)/jupyter lab; \
 	fi
 
+# bench_strategies.py runs Horovod: it waits for the set-up's background build (the others need not).
 bench: setup
 	$(BIN)/python benchmarks/bench_data_parallel.py
 	$(BIN)/python benchmarks/bench_allreduce.py
+	@$(BIN)/python -m workshop.horovod_build --wait
 	$(BIN)/python benchmarks/bench_strategies.py --profile
 	$(BIN)/python benchmarks/planner_validation.py --out images/planner_validation.md
 	$(BIN)/python benchmarks/bench_runtime.py
@@ -93,6 +95,7 @@ bench-allreduce: setup
 	$(BIN)/python benchmarks/bench_allreduce.py
 
 bench-strategies: setup
+	@$(BIN)/python -m workshop.horovod_build --wait
 	$(BIN)/python benchmarks/bench_strategies.py --profile
 
 # Horovod is source-only and needs patches for today's frameworks: see scripts/build_horovod.sh. Builds it

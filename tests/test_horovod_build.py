@@ -553,6 +553,8 @@ def test_make_setup_starts_the_build_after_the_base_set_up_and_nothing_waits_for
         assert not any("build_horovod" in line or "horovod_build build" in line for line in commands(target)), target
     assert any("--no-horovod-wait" in line for line in commands("test-fast"))
     assert not any("--no-horovod-wait" in line for line in commands("test"))
+    assert commands("bench-strategies")[-2:] == [f"{venv}/bin/python -m workshop.horovod_build --wait",
+                                                 f"{venv}/bin/python benchmarks/bench_strategies.py --profile"]
     horovod = commands("horovod")
     assert horovod[-2:] == [f"{venv}/bin/python -m workshop.horovod_build build",
                             f"VENV={venv} HOROVOD_VERIFY=1 bash scripts/build_horovod.sh"]

@@ -28,10 +28,15 @@ from workshop.__main__ import main
 from workshop.horovod_build import HorovodNotReady, Status
 
 # The stand-in for scripts/build_horovod.sh: HOROVOD_COMPILE=0 (make setup's fast path) finds no
-# wheel; the compile takes FAKE_BUILD_S seconds and exits FAKE_BUILD_EXIT, "installing" Horovod
-# (the file FAKE_INSTALLED) when it succeeds. Every run is counted in FAKE_BUILD_RUNS.
+# wheel, or with FAKE_CACHED_EXIT set installs a cached one and exits with it; the compile takes
+# FAKE_BUILD_S seconds and exits FAKE_BUILD_EXIT, "installing" Horovod (the file FAKE_INSTALLED)
+# when it succeeds. Every run is counted in FAKE_BUILD_RUNS.
 FAKE_BUILD = """#!/usr/bin/env bash
 echo "compile=${HOROVOD_COMPILE:-1}" >>"$FAKE_BUILD_RUNS"
+if [ "${HOROVOD_COMPILE:-1}" = 0 ] && [ -n "${FAKE_CACHED_EXIT:-}" ]; then
+    echo "[build_horovod] installing cached wheel (fake)"; [ "$FAKE_CACHED_EXIT" = 0 ] && touch "$FAKE_INSTALLED"
+    exit "$FAKE_CACHED_EXIT"
+fi
 if [ "${HOROVOD_COMPILE:-1}" = 0 ]; then echo "[build_horovod] no wheel here: a compile is needed"; exit 3; fi
 echo "[build_horovod] compiling (fake)"
 sleep "$FAKE_BUILD_S"
@@ -225,6 +230,22 @@ def test_start_builds_once_in_the_background_and_the_next_estimate_is_this_build
     assert 2 <= seconds < 60 and "the last build on this machine took" in why
     log = horovod_build.log_path().read_text()
     assert "a compile is needed" in log and "compiling (fake)" in log and "[horovod] done" in log
+
+
+def test_a_cached_wheel_is_installed_at_once_and_nothing_builds_in_the_background(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_CACHED_EXIT", "0")
+    out, echo = lines()
+    status = horovod_build.start(echo)
+    assert status.state == "ready" and fake.compiles() == 0
+    assert out == ["[build_horovod] installing cached wheel (fake)",
+                   "Horovod 0.28.1: ready (an installed, cached or shared wheel; nothing compiled)"]
+    assert horovod_build._recorded().source == "an installed, cached or shared wheel; nothing compiled"
+    # A cached wheel that installs but does not import: failed, with the log (make setup goes on).
+    fake.installed.unlink()
+    monkeypatch.setenv("FAKE_CACHED_EXIT", "1")
+    status = horovod_build.start(echo)
+    assert status.state == "failed" and fake.compiles() == 0 and horovod_build.main(["start"]) == 0
+    assert str(horovod_build.log_path()) in status.message() and "make horovod" in status.fix()
 
 
 def test_a_failed_build_is_retried_only_by_make_horovod(fake, capsys):

@@ -95,7 +95,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("FAKE_INSTALLED", str(world.installed))
     world.build_takes(2)
     yield world
-    recorded = horovod_build._recorded()
+    recorded = horovod_build.last_recorded()
     for pid in {*world.workers, *([recorded.pid] if recorded and recorded.pid else [])}:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)  # a worker leads its own process group: it and its build
@@ -224,7 +224,7 @@ def test_start_builds_once_in_the_background_and_the_next_estimate_is_this_build
     assert final.state == "ready", final.line()
     assert fake.compiles() == 1
     assert any("building in the background" in line for line in progress)
-    recorded = horovod_build._recorded()
+    recorded = horovod_build.last_recorded()
     assert recorded.state == "done" and "compiled here" in recorded.source
     seconds, why = horovod_build.estimate()
     assert 2 <= seconds < 60 and "the last build on this machine took" in why
@@ -239,7 +239,7 @@ def test_a_cached_wheel_is_installed_at_once_and_nothing_builds_in_the_backgroun
     assert status.state == "ready" and fake.compiles() == 0
     assert out == ["[build_horovod] installing cached wheel (fake)",
                    "Horovod 0.28.1: ready (an installed, cached or shared wheel; nothing compiled)"]
-    assert horovod_build._recorded().source == "an installed, cached or shared wheel; nothing compiled"
+    assert horovod_build.last_recorded().source == "an installed, cached or shared wheel; nothing compiled"
     # A cached wheel that installs but does not import: failed, with the log (make setup goes on).
     fake.installed.unlink()
     monkeypatch.setenv("FAKE_CACHED_EXIT", "1")

@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from workshop import REPO_ROOT
@@ -220,7 +220,6 @@ class Status:
     exit_status: int | None = None
     log: str = ""
     source: str = ""
-    extra: dict = field(default_factory=dict)
 
     @property
     def elapsed_s(self) -> float:
@@ -284,7 +283,7 @@ class Status:
         return f"; its last line: {build[-1]}" if build else ""
 
     def to_json(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v not in (None, "", {})}
+        return {k: v for k, v in asdict(self).items() if v not in (None, "")}
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -303,7 +302,8 @@ def write_status(status: Status) -> None:
     os.replace(tmp, path)  # readers see the old status or the new one, never half of one
 
 
-def _recorded() -> Status | None:
+def last_recorded() -> Status | None:
+    """The status as the build (or `start`) last wrote it, not checked against processes; None without one."""
     try:
         data = json.loads(status_path().read_text())
         return Status(**{k: v for k, v in data.items() if k in Status.__dataclass_fields__})
@@ -321,7 +321,7 @@ def alive(status: Status) -> bool:
 
 def read_status() -> Status:
     """The build's state for this environment, checked against the processes that run."""
-    recorded = _recorded()
+    recorded = last_recorded()
     here = target()
     if recorded is not None and recorded.state == "building":
         if alive(recorded):
@@ -436,7 +436,7 @@ def start(echo: Callable[[str], None] = print, retry: bool = False) -> Status:
         # The worker holds the lock too now (the inherited descriptor); it writes its status first thing.
         deadline = _now() + 60
         while _now() < deadline and worker.poll() is None:
-            recorded = _recorded()
+            recorded = last_recorded()
             if recorded is not None and recorded.pid == worker.pid:
                 break
             time.sleep(0.1)

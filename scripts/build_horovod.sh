@@ -25,14 +25,24 @@
 #   2. cache: install a wheel built earlier for the same python/torch/tensorflow from
 #      ${WORKSHOP_CACHE_DIR:-~/.cache/distributed-training-workshop}/wheels (a sidecar file
 #      `<wheel>.built-for` records the versions it was built against);
-#   3. build: download the sdist, patch, `pip wheel --no-build-isolation` (the build must see
+#   3. the room's wheelhouse: WORKSHOP_WHEELHOUSE (a folder or s3://bucket/prefix an organizer
+#      filled with `python -m workshop horovod publish`), when set: a wheel there whose `.built-for`
+#      matches is copied into the cache and installed as in 2; one that does not match is named,
+#      with what differs, and not used;
+#   4. build: download the sdist, patch, `pip wheel --no-build-isolation` (the build must see
 #      the venv's torch/TF), cache the wheel, install it.
 # Then verify: `horovodrun --check-build` and a 2-process Gloo all-reduce for each framework.
 #
+# `make setup` does not wait for step 4 (6-14 minutes on 2 cores; only lab 2 needs Horovod):
+# `python -m workshop.horovod_build start` runs this script with HOROVOD_COMPILE=0 and, when only a
+# compile would do, runs it again in the background, leaving a status (see workshop/horovod_build.py).
+#
 # Usage: scripts/build_horovod.sh            (from the repository root)
-# Env:   VENV (default .venv), WORKSHOP_CACHE_DIR, HOROVOD_BUILD_JOBS (default 2),
+# Env:   VENV (default .venv), WORKSHOP_CACHE_DIR, WORKSHOP_WHEELHOUSE, HOROVOD_BUILD_JOBS (default 2),
 #        HOROVOD_SKIP_VERIFY=1 to skip the checks after a build or cache install,
-#        HOROVOD_VERIFY=1 to run them on the fast path too.
+#        HOROVOD_VERIFY=1 to run them on the fast path too,
+#        HOROVOD_COMPILE=0 to stop with exit status 3 where step 4 would compile,
+#        HOROVOD_PRINT_TARGET=1 to print the `.built-for` line this venv needs and stop.
 set -euo pipefail
 
 HVD_VERSION=0.28.1
@@ -59,6 +69,7 @@ print(f"cp{sys.version_info[0]}{sys.version_info[1]}", version("torch"), version
 EOF
 )
 BUILT_FOR="horovod=$HVD_VERSION python=$PY_TAG torch=$TORCH_VER tensorflow=$TF_VER patches=$PATCH_REV"
+if [ "${HOROVOD_PRINT_TARGET:-0}" = 1 ]; then echo "$BUILT_FOR"; exit 0; fi
 log "target: $BUILT_FOR"
 
 # True when the venv's horovod is $HVD_VERSION, was built with both frameworks at the venv's
@@ -154,20 +165,35 @@ if installed_ok; then
     exit 0
 fi
 
-# 2. Cached wheel built for the same versions.
-shopt -s nullglob
-for whl in "$WHEEL_DIR"/horovod-"$HVD_VERSION"-"$PY_TAG"-*.whl; do
-    if [ -f "$whl.built-for" ] && [ "$(cat "$whl.built-for")" = "$BUILT_FOR" ]; then
-        log "installing cached wheel $whl"
-        "$PY" -m pip install --quiet --no-deps --force-reinstall "$whl"
-        installed_ok || { echo "cached wheel $whl installed but does not import" >&2; exit 1; }
-        verify
-        exit 0
-    fi
-done
-shopt -u nullglob
+# 2. Cached wheel built for the same versions (and 3., the same after copying one from the wheelhouse).
+install_cached() {
+    local whl
+    for whl in "$WHEEL_DIR"/horovod-"$HVD_VERSION"-"$PY_TAG"-*.whl; do
+        if [ -f "$whl" ] && [ -f "$whl.built-for" ] && [ "$(cat "$whl.built-for")" = "$BUILT_FOR" ]; then
+            log "installing cached wheel $whl"
+            "$PY" -m pip install --quiet --no-deps --force-reinstall "$whl"
+            installed_ok || { echo "cached wheel $whl installed but does not import" >&2; exit 1; }
+            verify
+            exit 0
+        fi
+    done
+}
+install_cached
 
-# 3. Build from the sdist: the patched build lives in the Horovod driver's folder, so that
+# 3. The room's wheelhouse: copies a matching wheel into the cache, or says why none is used.
+if [ -n "${WORKSHOP_WHEELHOUSE:-}" ]; then
+    log "looking in the wheelhouse $WORKSHOP_WHEELHOUSE"
+    if "$PY" -m workshop.horovod_build fetch --into "$WHEEL_DIR" --built-for "$BUILT_FOR" | sed 's/^/[build_horovod] /'; then
+        install_cached
+    fi
+fi
+
+if [ "${HOROVOD_COMPILE:-1}" = 0 ]; then
+    log "no installed, cached or shared wheel for $BUILT_FOR: it must be compiled (HOROVOD_COMPILE=0: not here)"
+    exit 3
+fi
+
+# 4. Build from the sdist: the patched build lives in the Horovod driver's folder, so that
 #    lab 2's one-host SageMaker build job (hvd_build.py) and the Dockerfile use the very same steps.
 start=$SECONDS
 work="$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")"

@@ -6,6 +6,12 @@ Test tiers: a test that starts a training process is marked `@pytest.mark.slow`;
 `make test-fast` runs `pytest tests -m "not slow"` (no training, no notebooks); `make test` runs
 everything, notebooks included. The guard below fails a test that is not marked slow and starts
 training anyway, so the tiers cannot drift apart.
+
+Horovod: `make setup` compiles it in the background (workshop/horovod_build.py). Tests that need it
+are marked `@pytest.mark.horovod` (lab 2's notebook is, here); they run last, and the first of them
+waits for the build, so that the compile overlaps the rest of the suite. A failed build fails each
+of them with the build log's end. `--no-horovod-wait` (`make test-fast`) skips them instead while
+Horovod is not ready.
 """
 
 from __future__ import annotations
@@ -405,6 +411,8 @@ def _training_guard(item: pytest.Item) -> Iterator[None]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Any:
+    if item.get_closest_marker("horovod"):
+        horovod_ready(item.config)
     with _training_guard(item):
         return (yield)
 
@@ -423,10 +431,80 @@ def pytest_runtest_teardown(item: pytest.Item) -> Any:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Notebooks (nbval's items, `*.ipynb`) run the labs: they are slow."""
+    """Notebooks (nbval's items, `*.ipynb`) run the labs: they are slow; lab 2's needs Horovod. The
+    tests that need Horovod run last (in their order), so that its background build overlaps the rest."""
     for item in items:
         if str(item.path).endswith(".ipynb"):
             item.add_marker(pytest.mark.slow)
+            if item.path.parent.name == HOROVOD_LAB_FOLDER:
+                item.add_marker(pytest.mark.horovod)
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("horovod") is not None)
+
+
+# --------------------------------------------------------------------------- Horovod: its background build
+
+HOROVOD_LAB_FOLDER = "2_horovod"
+NO_HOROVOD_WAIT = "--no-horovod-wait"
+_HOROVOD_VERDICT = pytest.StashKey[tuple[str, str] | None]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(NO_HOROVOD_WAIT, action="store_true",
+                     help="skip the tests that need Horovod (marked horovod) while it is not ready, instead of "
+                          "waiting for its background build (make test-fast)")
+
+
+def env_without_horovod(root: Path) -> Path:
+    """A throwaway venv under `root` that sees this environment's packages (torch, pip, Horovod's
+    dependencies) except Horovod: an image, or a fresh set-up, that lacks only Horovod. Returns its
+    python. (It does not see the editable `workshop`: put the checkout on PYTHONPATH where needed.)"""
+    import importlib.util
+    import venv
+
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(root / "venv")
+    python = root / "venv" / "bin" / "python"
+    own = Path(subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
+                              capture_output=True, text=True, check=True).stdout.strip())
+    farm = root / "packages"
+    farm.mkdir()
+    packages = Path(importlib.util.find_spec("torch").origin).parent.parent  # this environment's (or the one it sees)
+    for entry in packages.iterdir():
+        if not entry.name.lower().startswith("horovod"):
+            (farm / entry.name).symlink_to(entry)
+    (own / "workshop-env.pth").write_text(f"{farm}\n")
+    return python
+
+
+def horovod_ready(config: pytest.Config) -> None:
+    """Before a test marked horovod: once per session, wait for the set-up's background build of
+    Horovod (a line every 30 s in the terminal), then skip (with --no-horovod-wait) or fail every
+    such test if Horovod is not ready, with the build's status and the end of its log."""
+    from workshop import horovod_build
+
+    if _HOROVOD_VERDICT not in config.stash:
+        status = horovod_build.read_status()
+        if status.state == "building" and not config.getoption(NO_HOROVOD_WAIT):
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            capture = config.pluginmanager.get_plugin("capturemanager")
+
+            def echo(line: str) -> None:
+                with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+                    if reporter is not None:
+                        reporter.write_line(f"[tests that need Horovod wait] {line}")
+
+            status = horovod_build.wait(echo)
+        verdict = None
+        if status.state != "ready":
+            tail = horovod_build.log_tail(Path(status.log), 30) if status.log else ""
+            detail = status.line() + (f"\n--- the end of {status.log} ---\n{tail}" if tail.strip() else "")
+            verdict = ("skip" if config.getoption(NO_HOROVOD_WAIT) else "fail", detail)
+        config.stash[_HOROVOD_VERDICT] = verdict
+    verdict = config.stash[_HOROVOD_VERDICT]
+    if verdict is not None:
+        kind, detail = verdict
+        if kind == "skip":
+            pytest.skip(f"needs Horovod, which is not ready ({NO_HOROVOD_WAIT}): {detail.splitlines()[0]}")
+        pytest.fail(f"needs Horovod, which is not ready:\n{detail}", pytrace=False)
 
 
 # --------------------------------------------------------------------------- tracked files: the guard

@@ -21,6 +21,7 @@ SHIPPED = PACKAGE / "drivers"
 LAYERS: dict[str, int] = {
     "workshop": 0, "workshop.errors": 0, "workshop.metrics": 0,
     "workshop.spec": 1, "workshop.search": 1, "workshop.runtime": 1, "workshop.cloud": 1, "workshop.trace_report": 1,
+    "workshop.horovod_build": 1,
     "workshop.jobs": 2, "workshop.planner": 2,
     "workshop.launchers": 3, "workshop.datasets": 3,
     "workshop.labs": 4,

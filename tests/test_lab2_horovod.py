@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import env_without_horovod
 
 from workshop import metrics
 from workshop.errors import WorkshopError
@@ -27,6 +28,7 @@ HOROVODRUN = shutil.which("horovodrun") or str(BIN / "horovodrun")
 QUICK = {"epochs": 1, "max-steps": 6, "log-interval": 2}
 
 
+@pytest.mark.horovod
 def test_check_build_lists_both_frameworks_and_gloo():
     # `horovodrun --check-build` itself (its entry point, run_commandline), with both frameworks
     # imported first: its checks fork one process each and import the framework there, which
@@ -49,6 +51,7 @@ def test_folder_name_selects_both_scripts():
     assert PT.label == "2_horovod (train_pytorch)"
 
 
+@pytest.mark.horovod
 def test_rank_plan_and_variables_are_the_ones_horovodrun_uses():
     """The driver's plan is Horovod's own host assignment; each rank's variables equal what
     `horovodrun --gloo` builds (gloo_run.create_run_env_vars + create_slot_env_vars)."""
@@ -81,6 +84,7 @@ def _flags(hps: dict) -> list[str]:
     return [x for k, v in hps.items() for x in (f"--{k}", str(v))]
 
 
+@pytest.mark.horovod
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", [PT, TF], ids=["pytorch", "tensorflow"])
 def test_script_runs_under_horovodrun(lab, tmp_path, channels):
@@ -99,6 +103,7 @@ def test_script_runs_under_horovodrun(lab, tmp_path, channels):
     assert len(digests) == 2 and len(set(digests.values())) == 1, digests
 
 
+@pytest.mark.horovod
 @pytest.mark.slow
 def test_pytorch_on_two_hosts_of_two_ranks(tmp_path, channels):
     """4 ranks on 2 simulated hosts: Horovod sees 2 hosts (cross size), rank 0 alone writes."""
@@ -113,6 +118,7 @@ def test_pytorch_on_two_hosts_of_two_ranks(tmp_path, channels):
     assert not (result.hosts[1].sandbox.model_dir / "model.pt").exists()  # only rank 0 writes
 
 
+@pytest.mark.horovod
 @pytest.mark.slow
 def test_tensorflow_resumes_from_its_checkpoint(tmp_path, channels):
     store = tmp_path / "checkpoints"
@@ -148,6 +154,7 @@ def _rank_process(workdir: Path, host: str, timeout: float = 120) -> psutil.Proc
     raise AssertionError(f"no training rank on {host}")
 
 
+@pytest.mark.horovod
 @pytest.mark.slow
 def test_a_rank_that_dies_fails_the_job_fast_and_leaves_nothing(tmp_path, channels):
     out: dict = {}
@@ -183,12 +190,15 @@ def test_a_rank_that_dies_fails_the_job_fast_and_leaves_nothing(tmp_path, channe
 
 def test_missing_framework_support_names_the_rebuild(monkeypatch, tmp_path):
     import importlib.machinery
+    import importlib.metadata
     import importlib.util
 
     fake = tmp_path / "horovod"
     (fake / "torch").mkdir(parents=True)
     (fake / "__init__.py").write_text("")
     real_find_spec = importlib.util.find_spec
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.28.1" if name == "horovod" else real_version(name))
 
     def find_spec(name, *args):
         if name == "horovod":
@@ -201,6 +211,7 @@ def test_missing_framework_support_names_the_rebuild(monkeypatch, tmp_path):
     assert "make horovod" in str(err.value)
 
 
+@pytest.mark.horovod
 def test_bad_input_fails_before_anything_starts(tmp_path, channels):
     with pytest.raises(WorkshopError, match="fewer than one --batch-size"):
         run_local(PT, hosts=2, procs_per_host=2, hyperparameters={"batch-size": 1500},
@@ -268,14 +279,15 @@ def test_wheel_keys_follow_image_and_horovod_version():
 def test_build_revision_and_version_agree_everywhere():
     import re
 
+    from workshop import horovod_build
     from workshop.launchers import horovod
 
     driver = load_driver()
     build_py = (horovod.DRIVER_DIR / "hvd_build.py").read_text()
     revs = {re.search(r"^PATCH_REV=(\d+)", path.read_text(), re.MULTILINE).group(1)
             for path in (horovod.DRIVER_DIR / "build_horovod.sh", Path("scripts/build_horovod.sh").resolve())}
-    assert revs == {str(horovod.BUILD_REV)}
-    assert driver.HOROVOD_VERSION == horovod.HOROVOD_VERSION
+    assert revs == {str(horovod.BUILD_REV)} == {str(horovod_build.PATCH_REV)}
+    assert driver.HOROVOD_VERSION == horovod.HOROVOD_VERSION == horovod_build.HOROVOD_VERSION
     assert f'HOROVOD_VERSION = "{horovod.HOROVOD_VERSION}"' in build_py
     assert f'HVD_VERSION={horovod.HOROVOD_VERSION}' in (horovod.DRIVER_DIR / "build_horovod.sh").read_text()
 
@@ -293,6 +305,7 @@ def test_gpu_instances_are_refused_for_the_cpu_only_wheel(no_aws):
     assert any("NCCL" in note for note in plan.notes)
 
 
+@pytest.mark.horovod
 def test_driver_refuses_gpu_hosts_with_a_horovod_built_without_nccl():
     """This environment's Horovod is CPU-only: on a host with GPUs the driver must not start ranks."""
     driver = load_driver()
@@ -363,6 +376,7 @@ def _run_skewed(tmp_path: Path, delays: dict[str, float], **config):
     return cluster.run({}, {}, timeout_s=300, check=False)
 
 
+@pytest.mark.horovod
 @pytest.mark.slow
 def test_rendezvous_waits_for_a_host_that_starts_after_the_gloo_timeout(tmp_path):
     """algo-2's driver starts 20 s after algo-1's, 4x the Gloo timeout: the job still runs,
@@ -375,6 +389,7 @@ def test_rendezvous_waits_for_a_host_that_starts_after_the_gloo_timeout(tmp_path
     assert "every host is ready" in text
 
 
+@pytest.mark.horovod
 @pytest.mark.slow
 def test_rendezvous_names_the_hosts_that_never_reported_ready(tmp_path):
     # The wait is long enough for algo-1 and algo-2 to set up on a busy machine (importing torch and
@@ -501,28 +516,10 @@ def _cached_wheel() -> Path:
     return wheels[0]
 
 
-def _env_without_horovod(root: Path) -> Path:
-    """A throwaway venv that sees this environment's packages (torch, pip, Horovod's dependencies)
-    except Horovod: an image that lacks only Horovod. Returns its python."""
-    import site
-    import venv
-
-    venv.EnvBuilder(with_pip=False, symlinks=True).create(root / "venv")
-    python = root / "venv" / "bin" / "python"
-    own = Path(subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
-                              capture_output=True, text=True, check=True).stdout.strip())
-    farm = root / "packages"
-    farm.mkdir()
-    for entry in Path(site.getsitepackages()[0]).iterdir():
-        if not entry.name.lower().startswith("horovod"):
-            (farm / entry.name).symlink_to(entry)
-    (own / "workshop-env.pth").write_text(f"{farm}\n")
-    return python
-
-
+@pytest.mark.horovod
 def test_the_driver_installs_horovod_from_the_channel_without_an_index(tmp_path, monkeypatch):
     wheel = _cached_wheel()
-    python = _env_without_horovod(tmp_path)
+    python = env_without_horovod(tmp_path)
     channel = tmp_path / "channel"
     channel.mkdir()
     driver = load_driver()
@@ -540,6 +537,7 @@ def test_the_driver_installs_horovod_from_the_channel_without_an_index(tmp_path,
     assert driver.probe_horovod("pytorch", str(python)) == (None, False)
 
 
+@pytest.mark.horovod
 @pytest.mark.slow
 def test_on_the_fake_sagemaker_the_wheel_is_built_once_then_installed_from_its_channel(tmp_path, channels, capsys):
     """The whole flow against the fake SageMaker: the first job of an image runs a one-host build

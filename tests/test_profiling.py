@@ -343,6 +343,7 @@ def test_a_horovod_step_waits_in_its_optimizer_and_moves_the_gradients_it_puts_b
 
 
 @pytest.mark.slow
+@pytest.mark.horovod
 def test_profile_lab_2_pytorch_on_two_hosts(tmp_path, channels):
     import math
 

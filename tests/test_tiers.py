@@ -101,8 +101,24 @@ def test_slow_tests_and_other_commands_pass_the_guard() -> None:
     assert proc.stdout.strip() == "ok"
 
 
-def test_notebooks_are_marked_slow_at_collection() -> None:
-    marks: dict[str, list] = {"lab.ipynb": [], "test_x.py": []}
-    items = [SimpleNamespace(path=Path(name), add_marker=marks[name].append) for name in marks]
+class _Item(SimpleNamespace):
+    """What pytest_collection_modifyitems reads of a collected item."""
+
+    def add_marker(self, mark) -> None:
+        self.marks.append(mark)
+
+    def get_closest_marker(self, name: str):
+        return next((m for m in self.marks if m.name == name), None)
+
+
+def test_notebooks_are_marked_slow_at_collection_and_horovod_runs_last() -> None:
+    items = [_Item(path=Path(name), marks=list(marks)) for name, marks in (
+        ("1_parameter_server/lab.ipynb", []), ("2_horovod/horovod.ipynb", []), ("tests/test_hvd.py", [pytest.mark.horovod.mark]),
+        ("tests/test_x.py", []))]
     conftest.pytest_collection_modifyitems(None, items)
-    assert [m.name for m in marks["lab.ipynb"]] == ["slow"] and marks["test_x.py"] == []
+    marks = {str(item.path): [m.name for m in item.marks] for item in items}
+    assert marks == {"1_parameter_server/lab.ipynb": ["slow"], "2_horovod/horovod.ipynb": ["slow", "horovod"],
+                     "tests/test_hvd.py": ["horovod"], "tests/test_x.py": []}
+    # What needs Horovod runs last (its background build overlaps the rest), each group in its order.
+    assert [str(item.path) for item in items] == [
+        "1_parameter_server/lab.ipynb", "tests/test_x.py", "2_horovod/horovod.ipynb", "tests/test_hvd.py"]

@@ -16,6 +16,7 @@
     python -m workshop role                                     # the workshop's execution role
     python -m workshop cleanup [--delete-s3]                    # stop jobs, delete network/role
     python -m workshop event template|preflight|data|cleanup ... # an organizer's room (workshop.event)
+    python -m workshop horovod [--wait] | start | build | publish DEST   # lab 2's Horovod build (status, wait)
 
 `run all` in local mode is the workshop's main job (`make workshop`). Whatever costs money (a
 SageMaker job or tuning job, the workshop network) prints its cost bound first and starts only
@@ -194,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--region", default=None)
     role = sub.add_parser("role", help="create or reuse your workshop SageMaker execution role")
     role.add_argument("--region", default=None)
+    from workshop import horovod_build
+
+    horovod_build.build_parser(sub.add_parser(
+        "horovod", help="lab 2's Horovod: its background build's status (--wait: wait for it), start, build, "
+                        "publish DEST (a room's wheelhouse)", description=horovod_build.__doc__.split("\n\n")[0]))
     clean = sub.add_parser("cleanup", help="stop your running workshop jobs, delete your workshop network and role")
     clean.add_argument("--delete-s3", action="store_true", help="also delete your workshop objects in S3")
     clean.add_argument("--region", default=None)
@@ -379,8 +385,17 @@ def run_many(labs: list[Lab], args: argparse.Namespace, hps: dict[str, Any]) -> 
             f"{args.lab!r} is {len(labs)} labs; in sagemaker mode run one job at a time.",
             "name one: " + ", ".join(lab.key for lab in labs) + ".",
         )
-    rows, failed = [], 0
-    for lab in labs:
+    # Labs whose local runs need what the set-up still builds in the background (lab 2's Horovod)
+    # run last, each once it is ready: the others need not wait for it.
+    pending = {lab.key: lab.launcher.local_setup_pending() for lab in labs} if args.mode == "local" else {}
+    later = [lab for lab in labs if pending.get(lab.key)]
+    if later:
+        now = [lab for lab in labs if lab not in later]
+        print(f"{next(filter(None, pending.values()))}: running "
+              + (", ".join(lab.label for lab in now) + " first, then " if now else "")
+              + ", ".join(lab.label for lab in later) + " once it is ready", flush=True)
+    rows, failed = {}, 0
+    for lab in [lab for lab in labs if lab not in later] + later:
         print(f"\n=== {lab.label}: {lab.title} ===", flush=True)
         t0 = time.monotonic()
         hosts = args.hosts or lab.local_hosts
@@ -390,14 +405,17 @@ def run_many(labs: list[Lab], args: argparse.Namespace, hps: dict[str, Any]) -> 
         if args.checkpoint_dir and len(labs) > 1:  # one folder per lab: their checkpoints do not mix
             lab_args = argparse.Namespace(**{**vars(args), "checkpoint_dir": str(Path(args.checkpoint_dir) / lab.key)})
         try:
+            if lab in later:
+                lab.launcher.wait_for_local_setup(lambda line: print(line, flush=True))
+                t0 = time.monotonic()  # the lab's wall time, not the wait's
             result = run_one(lab, lab_args, hps)
             row.update(accuracy=result.metric(lab.accuracy_metric), wall_s=result.wall_time_s, status="ok")
         except WorkshopError as exc:
             failed += 1
             print(f"error: {exc}", file=sys.stderr, flush=True)
             row.update(wall_s=time.monotonic() - t0, status="FAILED")
-        rows.append(row)
-    print("\nSummary (local mode)\n" + summary_table(rows), flush=True)
+        rows[lab.key] = row
+    print("\nSummary (local mode)\n" + summary_table([rows[lab.key] for lab in labs]), flush=True)
     return 1 if failed else 0
 
 
@@ -443,6 +461,10 @@ def _command(args: argparse.Namespace) -> int:
             from workshop.event import run as run_event
 
             return run_event(args)
+        if args.command == "horovod":
+            from workshop import horovod_build
+
+            return horovod_build.run(args)
         hps = parse_hp(args.hp)
         if getattr(args, "fault", None):
             if "fault" in hps:

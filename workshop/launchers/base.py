@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,16 @@ class LauncherBase:
 
     def check(self, plan: JobPlan) -> JobPlan:
         return plan
+
+    def local_setup_pending(self) -> str | None:
+        """What this launcher's local runs need that the set-up is still preparing in the background,
+        as a status line (lab 2: its Horovod build), or None: `run all` runs such labs last."""
+        return None
+
+    def wait_for_local_setup(self, echo: Callable[[str], None] = print) -> None:
+        """Wait for that set-up, showing its progress through `echo`; raise a WorkshopError (what
+        went wrong, what to do) when it did not succeed."""
+        return None
 
     def prepare(self, plan: JobPlan, bucket: str, boto: Any) -> tuple[JobPlan, list[PrepStep]]:
         return plan, []

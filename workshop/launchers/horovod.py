@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib.metadata
-import importlib.util
 import json
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from workshop.cloud import aws
 from workshop.cloud.prices import INSTANCE_PRICES
 from workshop.errors import WorkshopError
+from workshop.horovod_build import HorovodNotReady, check_installed, read_status, wait_until_ready  # noqa: F401 (API)
 from workshop.jobs import SOURCE_IGNORE_PATTERNS, JobPlan, PrepStep, is_gpu_instance, submit
 from workshop.launchers import drivers
 from workshop.launchers.base import LauncherBase, SetupJob
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 
 DRIVER_DIR, DRIVER_SCRIPT = drivers.HOROVOD_DIR, drivers.HOROVOD_SCRIPT
 HOROVOD_VERSION = "0.28.1"
-REBUILD = "`make horovod` (builds Horovod 0.28.1 with the workshop's patches; ~5 min the first time, ~1 min from the cached wheel)"
 # Measured on this workshop's 2-core machines: 218-528 s for both frameworks. One framework
 # on a 4-8 vCPU training instance is quicker; the estimate below is what the notebook states.
 BUILD_MINUTES_ESTIMATE = (4, 8)
@@ -81,47 +80,6 @@ def __getattr__(name: str) -> Any:
 def load_driver() -> ModuleType:
     """The driver as a module (its `rank_plan`, `rank_env`), for tests and notebooks."""
     return load_module(DRIVER_DIR / DRIVER_SCRIPT, "hvd_driver")
-
-
-_EXTENSION_DIR = {"pytorch": ("torch", "torch", "mpi_lib_v2"), "tensorflow": ("tensorflow", "tensorflow", "mpi_lib")}
-
-
-def check_installed(framework: str) -> None:
-    """Fail with the fix unless this environment's Horovod was built for `framework` as installed.
-
-    Reads metadata only (no framework import): Horovod records the framework versions it was
-    built against in `horovod/metadata.json`, and each framework's extension is a shared library.
-    """
-    if framework not in _EXTENSION_DIR:
-        raise WorkshopError(f"Unknown Horovod framework {framework!r}.", "use 'pytorch' or 'tensorflow'.")
-    try:
-        version = importlib.metadata.version("horovod")
-    except importlib.metadata.PackageNotFoundError:
-        raise WorkshopError(
-            "Horovod is not installed in this environment (it is not on PyPI as a wheel, and no "
-            "framework wheel includes it).",
-            f"run {REBUILD}.",
-        ) from None
-    spec = importlib.util.find_spec("horovod")
-    root = Path(spec.origin).parent if spec and spec.origin else None
-    subdir, package, library = _EXTENSION_DIR[framework]
-    if root is None or not any((root / subdir).glob(f"{library}*.so")):
-        raise WorkshopError(
-            f"Horovod {version} here was built without {framework} support (no "
-            f"horovod/{subdir}/{library}*.so).",
-            f"rebuild it with {framework}: {REBUILD} (set HOROVOD_WITH_{framework.upper()}=1 if you build it yourself).",
-        )
-    try:
-        built_for = json.loads((root / "metadata.json").read_text()).get(framework)
-        installed = importlib.metadata.version(package)
-    except (OSError, ValueError, importlib.metadata.PackageNotFoundError):
-        return
-    if built_for and built_for.split("+")[0] != installed.split("+")[0]:
-        raise WorkshopError(
-            f"Horovod {version} was built against {package} {built_for}, but {package} {installed} is "
-            "installed: its extension would fail to load or crash.",
-            f"rebuild it: {REBUILD}.",
-        )
 
 
 # --------------------------------------------------------------------------- the wheel store
@@ -374,6 +332,13 @@ class HorovodLauncher(LauncherBase):
 
     def check(self, plan: JobPlan) -> JobPlan:
         return check_plan(plan)
+
+    def local_setup_pending(self) -> str | None:
+        status = read_status()  # the set-up's background build (workshop.horovod_build)
+        return status.message() if status.state == "building" else None
+
+    def wait_for_local_setup(self, echo: Callable[[str], None] = print) -> None:
+        wait_until_ready(echo)
 
     def prepare(self, plan: JobPlan, bucket: str, boto: Any) -> tuple[JobPlan, list[PrepStep]]:
         return prepare_plan(plan, bucket, boto)

@@ -184,12 +184,12 @@ def measure_allreduce(
     if not available():
         print(f"skipped: {UNAVAILABLE}")
         return None
+    from workshop.launchers.horovod import check_installed
+
+    check_installed("pytorch")  # first: without Horovod, says whether its build runs, failed, or never ran
     horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
     if not os.path.exists(horovodrun):
         raise WorkshopError("horovodrun is not installed here.", "run `make horovod`.")
-    from workshop.launchers.horovod import check_installed
-
-    check_installed("pytorch")
     isolated, why = private_network() if private is not False else (False, "private=False was asked for")
     if private and not isolated:
         raise WorkshopError(f"No private network namespace here: {why}.",

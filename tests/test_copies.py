@@ -44,6 +44,7 @@ SHARED: dict[str, tuple[str, ...]] = {
     "weights_digest": (HVD_PT, L3),
     "save_atomic": (HVD_PT, L3),
     "nonfinite_problems": (L1, HVD_PT, HVD_TF, L3, L4),  # --lr nan and inf refused before anything starts
+    "exit_with": (L1, HVD_PT, HVD_TF, L3, L4),  # a rank's last line says why it stopped
     "restore_error": (L1, HVD_TF),  # a TensorFlow checkpoint that cannot be restored, in one line
     "distributed_env": (L3, L4),  # torchrun's variables, a world of one without them
     "set_gloo_interface": (L3, L4),

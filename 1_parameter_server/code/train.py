@@ -76,6 +76,15 @@ def restore_error(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def exit_with(message: str) -> None:
+    """End this process with `message` as its last line, and exit status 1. On stdout, after the METRICS
+    lines printed before it: a launcher relays a rank's stdout and stderr apart, so a message on stderr
+    (SystemExit's) can arrive before them, and the workshop reports a rank's last line as why it ended."""
+    print(message, flush=True)
+    raise SystemExit(1)
+
+
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(
@@ -381,7 +390,7 @@ def run_coordinator(tf, args, resolver) -> int:
         break
     else:
         if damaged:
-            raise SystemExit(
+            exit_with(
                 f"No intact checkpoint to resume from in {args.checkpoint_dir} ({', '.join(sorted(damaged))}). Fix: move "
                 "the damaged checkpoint(s) (their .index and .data-* files) out of it (or delete them) to train from "
                 "the start, or pass another --checkpoint-dir.")
@@ -470,7 +479,7 @@ def run_coordinator(tf, args, resolver) -> int:
                     else f"the test loss was {test_loss} after step {done}")
             again = ("; run again with the same --checkpoint-dir: it resumes from the last checkpoint, written before "
                      "this" if list_checkpoints(tf, args.checkpoint_dir) else "")
-            raise SystemExit(
+            exit_with(
                 f"Training diverged: {what}. The run stops here, before it checkpoints the broken weights: the "
                 f"checkpoints already written stay as they were. Fix: a lower --lr than {args.lr:g}, e.g. "
                 f"{default_lr} (its default){again}.")

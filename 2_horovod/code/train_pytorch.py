@@ -82,6 +82,15 @@ def nonfinite_problems(args: argparse.Namespace, parser: argparse.ArgumentParser
     return problems, fixes
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def exit_with(message: str) -> None:
+    """End this process with `message` as its last line, and exit status 1. On stdout, after the METRICS
+    lines printed before it: a launcher relays a rank's stdout and stderr apart, so a message on stderr
+    (SystemExit's) can arrive before them, and the workshop reports a rank's last line as why it ended."""
+    print(message, flush=True)
+    raise SystemExit(1)
+
+
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(
@@ -372,7 +381,7 @@ def load_checkpoint(path: Path) -> dict | None:
     fall back on: resuming from a damaged one would train on (or from) garbage."""
     if not path.is_file():
         return None
-    fix = (f"Fix: move {path.name} out of {path.parent} (or delete it) to train from the start, or pass another "
+    fix = (f"Fix: move it out of {path.parent} (or delete it) to train from the start, or pass another "
            "--checkpoint-dir (on SageMaker: another checkpoint S3 location).")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
@@ -387,8 +396,8 @@ def load_checkpoint(path: Path) -> dict | None:
         print(f"The checkpoint {path} has no checksum (an older version of this script wrote it): "
               "it is used unverified.", flush=True)
     elif state_digest(state) != saved:
-        raise ValueError(f"The checkpoint {path} is damaged: its content does not match the SHA-256 saved with it "
-                         f"(its bytes changed after it was written). {fix}")
+        raise ValueError(f"The checkpoint {path} is damaged: its content no longer matches the SHA-256 saved in it. "
+                         f"{fix}")
     return state
 
 
@@ -464,7 +473,7 @@ class Divergence:
     Every rank calls `note(loss, step)` after each step: it records the first global step whose loss on
     this rank was not finite, on the device, without waiting for it. Every rank calls `check(step)` at the
     same points (a log line, before a checkpoint, at an epoch's end): one all-reduce tells every rank
-    each rank's first bad step, and if there is one, every rank raises SystemExit with the same message:
+    each rank's first bad step, and if there is one, every rank stops (exit_with) with the same message:
     the step, the rank, the loss, and `fix`. `weights=` the model about to be saved: its parameters
     (this rank's shards) must be finite too, since a huge step can overflow them while the loss that
     led to it was still finite. `sum_over_ranks(tensor)` returns the tensor summed over every rank (an
@@ -504,7 +513,7 @@ class Divergence:
             others = [f"rank {r} at step {int(f)}" for f, r, _, w in bad if not w and r != rank]
             if others:
                 what += f" (and on {', '.join(others)})"
-        raise SystemExit(f"Training diverged: {what}. The run stops here, before it checkpoints the broken weights: "
+        exit_with(f"Training diverged: {what}. The run stops here, before it checkpoints the broken weights: "
                          f"the checkpoints already written stay as they were. Fix: {self.fix}.")
 
 
@@ -599,7 +608,7 @@ def main(argv=None) -> int:
             state = str(exc)
     state = hvd.broadcast_object(state, root_rank=0, name="checkpoint")  # Horovod: rank 0's checkpoint, on every host
     if isinstance(state, str):
-        raise SystemExit(state)
+        exit_with(state)
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

@@ -87,6 +87,15 @@ def restore_error(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def exit_with(message: str) -> None:
+    """End this process with `message` as its last line, and exit status 1. On stdout, after the METRICS
+    lines printed before it: a launcher relays a rank's stdout and stderr apart, so a message on stderr
+    (SystemExit's) can arrive before them, and the workshop reports a rank's last line as why it ended."""
+    print(message, flush=True)
+    raise SystemExit(1)
+
+
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(
@@ -305,7 +314,7 @@ def main(argv=None) -> int:
             print(f"Resumed from {latest} after epoch {int(epoch_var.numpy())}.", flush=True)
     damaged = hvd.broadcast_object(damaged, root_rank=0, name="checkpoint_damaged")  # Horovod: rank 0's verdict
     if damaged:
-        raise SystemExit(damaged)
+        exit_with(damaged)
     # Horovod: start every rank from rank 0's weights, optimizer state and epoch.
     hvd.broadcast_variables(tf_vars(model.variables) + tf_vars(optimizer.variables) + [epoch_var], root_rank=0)
     start_epoch = int(epoch_var.numpy()) + 1
@@ -357,7 +366,7 @@ def main(argv=None) -> int:
         what = (f"the loss was not finite at step {at} on rank {who}" if report[who, 0] == at
                 else f"rank {who}'s weights were not finite after step {at}, while its loss still was")
         scaled = f" (x {size} ranks = {lr:g}, --scale-lr)" if args.scale_lr and size > 1 else ""
-        raise SystemExit(
+        exit_with(
             f"Training diverged: {what}. The run stops here, before it checkpoints the broken weights: the "
             f"checkpoint already written stays as it was. Fix: a lower --lr than {args.lr:g}{scaled}, e.g. "
             f"{build_parser().get_default('lr')} (its default), with an empty --checkpoint-dir (a run that resumes "

@@ -123,6 +123,15 @@ def nonfinite_problems(args: argparse.Namespace, parser: argparse.ArgumentParser
     return problems, fixes
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def exit_with(message: str) -> None:
+    """End this process with `message` as its last line, and exit status 1. On stdout, after the METRICS
+    lines printed before it: a launcher relays a rank's stdout and stderr apart, so a message on stderr
+    (SystemExit's) can arrive before them, and the workshop reports a rank's last line as why it ended."""
+    print(message, flush=True)
+    raise SystemExit(1)
+
+
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(
@@ -888,7 +897,7 @@ class Divergence:
     Every rank calls `note(loss, step)` after each step: it records the first global step whose loss on
     this rank was not finite, on the device, without waiting for it. Every rank calls `check(step)` at the
     same points (a log line, before a checkpoint, at an epoch's end): one all-reduce tells every rank
-    each rank's first bad step, and if there is one, every rank raises SystemExit with the same message:
+    each rank's first bad step, and if there is one, every rank stops (exit_with) with the same message:
     the step, the rank, the loss, and `fix`. `weights=` the model about to be saved: its parameters
     (this rank's shards) must be finite too, since a huge step can overflow them while the loss that
     led to it was still finite. `sum_over_ranks(tensor)` returns the tensor summed over every rank (an
@@ -928,7 +937,7 @@ class Divergence:
             others = [f"rank {r} at step {int(f)}" for f, r, _, w in bad if not w and r != rank]
             if others:
                 what += f" (and on {', '.join(others)})"
-        raise SystemExit(f"Training diverged: {what}. The run stops here, before it checkpoints the broken weights: "
+        exit_with(f"Training diverged: {what}. The run stops here, before it checkpoints the broken weights: "
                          f"the checkpoints already written stay as they were. Fix: {self.fix}.")
 
 
@@ -1083,7 +1092,7 @@ def main(argv=None) -> int:
     if distributed:
         dist.broadcast_object_list(found, src=0)  # DIST: rank 0 decides which checkpoint every rank loads
     if isinstance(found[0], str):
-        raise SystemExit(found[0])
+        exit_with(found[0])
     if found[0] is not None:
         name, meta = found[0]
         path = ckpt_dir / name  # each rank's own path to it (SM_CHECKPOINT_DIR may differ between hosts)

@@ -454,3 +454,28 @@ def test_resuming_a_finished_run_says_there_was_nothing_to_do(tmp_path, mnist_di
                                  "was evaluated and saved as it is")
     assert main(args) == 0  # the same, without --verbose: the progress line counts the epoch the run is through
     assert "[progress] data-parallel: 1/1 epoch(s)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_lab1_a_damaged_checkpoint_is_passed_over_for_the_older_one(tmp_path, channels):
+    """Lab 1 (TensorFlow checks each tensor's CRC32C as it restores it): before, the coordinator failed with
+    TensorFlow's error and the older checkpoint beside it was not tried. Now it is named, and ckpt-10 resumed."""
+    from workshop.runner import run_local
+
+    store = tmp_path / "checkpoints"
+    common = dict(hosts=2, data_dir=channels["train"].parent, echo=False, checkpoint_dir=store)
+    first = run_local(get_lab("parameter_server"), hyperparameters={"steps": 20, "log-interval": 10},
+                      workdir=tmp_path / "a", **common)
+    assert first.ok, first.failure
+    biggest = max(store.glob("ckpt-20.data-*"), key=lambda p: p.stat().st_size)
+    random_bytes(biggest, biggest.stat().st_size // 2)
+    second = run_local(get_lab("parameter_server"), hyperparameters={"steps": 30, "log-interval": 10},
+                       workdir=tmp_path / "b", **common)
+    assert second.ok, second.failure
+    text = "\n".join(second.lines)
+    assert "The checkpoint /opt/ml/checkpoints/ckpt-20 is damaged: TensorFlow cannot read it (DATA_LOSS:" in text, text[-3000:]
+    assert "Checksum does not match" in text
+    assert "Resuming from the older checkpoint /opt/ml/checkpoints/ckpt-10 instead, the newest intact one." in text
+    assert "Resumed from /opt/ml/checkpoints/ckpt-10 at step 10." in text
+    assert [r["step"] for r in second.records if "test_accuracy" in r] == [20, 30]
+    assert sorted(p.name for p in store.glob("ckpt-*.index")) == ["ckpt-20.index", "ckpt-30.index"]

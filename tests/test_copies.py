@@ -43,6 +43,9 @@ SHARED: dict[str, tuple[str, ...]] = {
     "load_channel": (HVD_PT, L3),
     "weights_digest": (HVD_PT, L3),
     "save_atomic": (HVD_PT, L3),
+    "nonfinite_problems": (L1, HVD_PT, HVD_TF, L3, L4),  # --lr nan and inf refused before anything starts
+    "exit_with": (L1, HVD_PT, HVD_TF, L3, L4),  # a rank's last line says why it stopped
+    "restore_error": (L1, HVD_TF),  # a TensorFlow checkpoint that cannot be restored, in one line
     "distributed_env": (L3, L4),  # torchrun's variables, a world of one without them
     "set_gloo_interface": (L3, L4),
     # Fault tolerance under torchrun --max-restarts: fault injection, atomic writes, the recovery report.
@@ -61,6 +64,13 @@ SHARED: dict[str, tuple[str, ...]] = {
     "read_recovery": (L3, L4),
     "announce_resume": (L3, L4),
     "report_recovery": (L3, L4),
+    # Checkpoints to trust: verified on load, leftovers of killed saves cleaned, no checkpoint of a diverged run.
+    "CHECKSUM_KEY": (HVD_PT, L3),
+    "state_digest": (HVD_PT, L3),
+    "load_checkpoint": (HVD_PT, L3),
+    "STALE_NAMES": (HVD_PT, L3, L4),
+    "clean_stale": (HVD_PT, L3, L4),
+    "Divergence": (HVD_PT, L3, L4),
     # --profile-steps: torch.profiler traces per rank (workshop.profiling).
     "PROFILE_WAIT": (HVD_PT, L3, L4),
     "StepProfiler": (HVD_PT, L3, L4),

@@ -312,18 +312,29 @@ def _run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
 
 
 def recovery_line(records: list[dict[str, Any]]) -> str | None:
-    """What a run that resumed after a failure lost, from the script's METRICS (`resumed_step`,
-    `lost_steps`, `recover_s`); None for a run that never restarted."""
+    """What a run that resumed from a checkpoint did, from the script's METRICS (`resumed_step`, `restart`,
+    `lost_steps`, `recover_s`, `finished`); None for a run that started from scratch.
+
+    A restart after a failure, or a new run over a failed run's checkpoint (what that run lost is known):
+    "recovered N time(s): ...". A new run over a checkpoint whose run had already finished: nothing to
+    do, said so. A new run continuing a finished shorter one (more epochs): "resumed ...", no recovery."""
     resumed = [r for r in records if "resumed_step" in r and r.get("rank", 0) == 0]
     if not resumed:
         return None
+    if len(resumed) == 1 and not resumed[0].get("restart") and resumed[0].get("finished"):
+        return (f"nothing to do: the run had already finished at its last checkpoint (step {resumed[0]['resumed_step']}); "
+                "its model was evaluated and saved as it is")
     parts = []
     for r in resumed:
         lost = (f", {r['lost_steps']} step(s) redone" if "lost_steps" in r
                 else f", at least {r['lost_steps_at_least']} step(s) redone" if "lost_steps_at_least" in r else "")
         took = f", {r['recover_s']:.1f} s from the failure to training again" if "recover_s" in r else ""
-        parts.append(f"resumed at step {r['resumed_step']}{lost}{took}")
-    return f"recovered {len(resumed)} time(s): " + "; ".join(parts)
+        left = ", its last: nothing left to train" if r.get("finished") else ""
+        parts.append(f"resumed at step {r['resumed_step']}{lost}{took}{left}")
+    failures = [r for r in resumed if r.get("restart") or "lost_steps" in r or "lost_steps_at_least" in r]
+    if not failures:  # a new run going on from a finished run's checkpoint: nothing failed
+        return "resumed from an earlier run's checkpoint: " + "; ".join(parts)
+    return f"recovered {len(failures)} time(s): " + "; ".join(parts)
 
 
 def run_tune(args: argparse.Namespace, hps: dict[str, Any]) -> int:

@@ -185,6 +185,9 @@ def parse_param(lab: Lab, text: str, flags: Mapping[str, argparse.Action] | None
         for part in parts[:2]:
             _check_value(lab, name, action, part)
         low, high = float(parts[0]), float(parts[1])
+        if not (math.isfinite(low) and math.isfinite(high)):  # float() reads 'nan' and 'inf'
+            raise WorkshopError(f"--param {text!r}: a range's ends must be finite numbers.",
+                                f"e.g. --param {name}=0.001:0.1:log.")
         if not low < high or (log and low <= 0):
             raise WorkshopError(
                 f"--param {text!r}: the range needs LOW < HIGH" + (" and LOW > 0 on a log scale" if log else "") + ".",

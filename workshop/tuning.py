@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -493,7 +494,13 @@ def _collect(trial: Trial, returncode: int, wall_s: float, objective: Objective)
     trial.final = data.get("final") or {}
     trial.records = data.get("records") or []
     trial.metric = trial.final.get(objective.metric)
-    if data.get("returncode") == 0:
+    if data.get("returncode") == 0 and trial.metric is not None and not math.isfinite(trial.metric):
+        # A run that ended "well" on a NaN (or infinite) objective diverged: it ranks as failed, with
+        # why; a NaN would otherwise compare as neither better nor worse, and could be reported best.
+        trial.status = "failed"
+        trial.failure = (f"{objective.metric} is {trial.metric}: the training diverged (a NaN or infinite "
+                         "loss); try a lower learning rate")
+    elif data.get("returncode") == 0:
         trial.status = "ok"
     else:
         trial.status = "stopped" if data.get("returncode") == 130 else "failed"

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import re
 import socket
 import sys
 import time
@@ -45,6 +47,42 @@ import numpy as np  # noqa: E402
 WORKER_ID_FILE = "tf_worker_rank.txt"
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def nonfinite_problems(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """check_args' first rule, as (problems, fixes), both empty when it holds: every float flag has a finite
+    value. argparse's float() reads 'nan', 'inf' and '1e999' (inf) without complaint, and they pass the rules
+    that follow (nan <= 0 is False, and so is nan > 0); a run with --lr nan trains on NaN from its first step."""
+    problems, fixes = [], []
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.type is float and isinstance(value, float) and not math.isfinite(value):
+            flag = max(action.option_strings, key=len)
+            problems.append(f"{flag} must be a finite number, got {value}")
+            fixes.append(f"set {flag} to a finite number, e.g. {action.default} (its default)")
+    return problems, fixes
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def restore_error(exc: BaseException) -> str:
+    """What TensorFlow said when it could not restore a checkpoint, in one line, without its op's wrapping
+    (`{{function_node ...}}`, `[Op:RestoreV2]`): e.g. "TensorBundle at ... Checksum does not match". From a
+    graph (a distributed read), the line with the error's status (`(0) DATA_LOSS: ...`), not the headline."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    status = [re.sub(r"^\(\d+\)\s*", "", line) for line in lines if re.match(r"(\(\d+\)\s*)?[A-Z_]{4,}:\s", line)]
+    text = (status or [line for line in lines if not line.endswith(":")] or [type(exc).__name__])[0]
+    text = re.sub(r"\s*\[Op:\w+\]$", "", re.sub(r"^\{\{.*?\}\}\s*", "", text))
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def exit_with(message: str) -> None:
+    """End this process with `message` as its last line, and exit status 1. On stdout, after the METRICS
+    lines printed before it: a launcher relays a rank's stdout and stderr apart, so a message on stderr
+    (SystemExit's) can arrive before them, and the workshop reports a rank's last line as why it ended."""
+    print(message, flush=True)
+    raise SystemExit(1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,8 +137,11 @@ def check_args(args: argparse.Namespace, world_size: int = 2, train_samples: int
     process (the coordinator on the first host, a worker on the others). The message names
     each broken rule, then after "Fix:" what to do about each.
     """
-    problems, fixes = [], []
-    default = build_parser().get_default
+    parser = build_parser()
+    default = parser.get_default
+    problems, fixes = nonfinite_problems(args, parser)
+    if problems:  # NaN passes every comparison below (nan <= 0 is False): refused first, on its own
+        raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
     if world_size < 2:
         problems.append(
             f"a parameter-server job needs at least 2 hosts (one coordinator, at least one worker), got {world_size}"
@@ -330,12 +371,29 @@ def run_coordinator(tf, args, resolver) -> int:
     # shares. SageMaker's /opt/ml/checkpoints is per host, so all checkpoint I/O goes through the
     # coordinator's CPU instead: the whole checkpoint lands on algo-1, whose folder SageMaker syncs.
     io = tf.train.CheckpointOptions(experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0")
+    damaged: set[str] = set()  # checkpoints found damaged: never resumed from, never counted as one to keep
     saved = list_checkpoints(tf, args.checkpoint_dir)
-    if saved:
-        # Every variable must come back; a value the model has no place for is ignored (expect_partial):
-        # the save counter in a checkpoint that tf.train.CheckpointManager wrote (older versions of this script).
-        checkpoint.read(saved[-1][1], options=io).assert_existing_objects_matched().expect_partial()
-        print(f"Resumed from {saved[-1][1]} at step {int(step_counter.numpy())}.", flush=True)
+    for _, prefix in reversed(saved):  # the newest first; an older intact one if it is damaged
+        try:
+            # Every variable must come back; a value the model has no place for is ignored (expect_partial):
+            # the save counter in a checkpoint that tf.train.CheckpointManager wrote (older versions of this script).
+            # TensorFlow checks each tensor's CRC32C as it reads it: damaged bytes fail here.
+            checkpoint.read(prefix, options=io).assert_existing_objects_matched().expect_partial()
+        except Exception as exc:  # whatever a damaged or cut-short checkpoint raises: it cannot be used
+            print(f"The checkpoint {prefix} is damaged: TensorFlow cannot read it ({restore_error(exc)}). Training does "
+                  "not resume from it.", flush=True)
+            damaged.add(prefix)
+            continue
+        if damaged:
+            print(f"Resuming from the older checkpoint {prefix} instead, the newest intact one.", flush=True)
+        print(f"Resumed from {prefix} at step {int(step_counter.numpy())}.", flush=True)
+        break
+    else:
+        if damaged:
+            exit_with(
+                f"No intact checkpoint to resume from in {args.checkpoint_dir} ({', '.join(sorted(damaged))}). Fix: move "
+                "the damaged checkpoint(s) (their .index and .data-* files) out of it (or delete them) to train from "
+                "the start, or pass another --checkpoint-dir.")
 
     # A checkpoint of variables that live on several tasks is written by a tf.function. Saved
     # eagerly (checkpoint.write, CheckpointManager.save), TensorFlow builds that function anew at
@@ -348,10 +406,13 @@ def run_coordinator(tf, args, resolver) -> int:
     tf.io.gfile.makedirs(args.checkpoint_dir)
 
     def save_checkpoint(step: int) -> None:
-        """Writes ckpt-<step> and keeps the newest CHECKPOINTS_KEPT checkpoints."""
+        """Writes ckpt-<step> and keeps the newest CHECKPOINTS_KEPT checkpoints that are not damaged (a
+        damaged one never counts, so the last intact one is never deleted for it)."""
         prefix = os.path.join(args.checkpoint_dir, f"{CHECKPOINT_NAME}-{step}")
         write_checkpoint(tf.constant(prefix)).numpy()  # .numpy(): wait until it is written
-        for _, old in list_checkpoints(tf, args.checkpoint_dir)[:-CHECKPOINTS_KEPT]:
+        damaged.discard(prefix)  # rewritten whole
+        intact = [p for _, p in list_checkpoints(tf, args.checkpoint_dir) if p not in damaged]
+        for old in intact[:-CHECKPOINTS_KEPT]:
             for path in tf.io.gfile.glob(old + ".*"):
                 tf.io.gfile.remove(path)
 
@@ -364,6 +425,7 @@ def run_coordinator(tf, args, resolver) -> int:
 
     per_worker_iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     lr, momentum = args.lr, args.momentum
+    default_lr = build_parser().get_default("lr")
 
     @tf.function
     def train_step(iterator):
@@ -410,6 +472,17 @@ def run_coordinator(tf, args, resolver) -> int:
         test_loss, test_acc = evaluate(tf, model, test_x, test_y)
         metrics(rank=0, step=done, train_loss=float(np.mean(losses)), test_loss=test_loss,
                 test_accuracy=test_acc, steps_per_sec=n / elapsed)
+        bad = [(i, v) for i, v in enumerate(values) if not math.isfinite(float(v[0]))]
+        if bad or not math.isfinite(test_loss):  # never a checkpoint of diverged weights
+            what = (f"the loss was {float(bad[0][1][0])} at step {done - n + bad[0][0] + 1} (counted in the order "
+                    f"the steps were scheduled), on worker {int(bad[0][1][1])}" if bad
+                    else f"the test loss was {test_loss} after step {done}")
+            again = ("; run again with the same --checkpoint-dir: it resumes from the last checkpoint, written before "
+                     "this" if list_checkpoints(tf, args.checkpoint_dir) else "")
+            exit_with(
+                f"Training diverged: {what}. The run stops here, before it checkpoints the broken weights: the "
+                f"checkpoints already written stay as they were. Fix: a lower --lr than {args.lr:g}, e.g. "
+                f"{default_lr} (its default){again}.")
         save_checkpoint(done)
 
     if not events:  # a finished run resumed: report the model as it is

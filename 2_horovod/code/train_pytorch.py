@@ -27,10 +27,14 @@ definitions and the workshop's local log parser read.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
+import math
 import os
 import platform
+import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -61,6 +65,30 @@ def str2bool(text: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def nonfinite_problems(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """check_args' first rule, as (problems, fixes), both empty when it holds: every float flag has a finite
+    value. argparse's float() reads 'nan', 'inf' and '1e999' (inf) without complaint, and they pass the rules
+    that follow (nan <= 0 is False, and so is nan > 0); a run with --lr nan trains on NaN from its first step."""
+    problems, fixes = [], []
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.type is float and isinstance(value, float) and not math.isfinite(value):
+            flag = max(action.option_strings, key=len)
+            problems.append(f"{flag} must be a finite number, got {value}")
+            fixes.append(f"set {flag} to a finite number, e.g. {action.default} (its default)")
+    return problems, fixes
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def exit_with(message: str) -> None:
+    """End this process with `message` as its last line, and exit status 1. On stdout, after the METRICS
+    lines printed before it: a launcher relays a rank's stdout and stderr apart, so a message on stderr
+    (SystemExit's) can arrive before them, and the workshop reports a rank's last line as why it ended."""
+    print(message, flush=True)
+    raise SystemExit(1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,8 +154,11 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
     workshop (and a reader of the job's log) can tell the user what to change. (The same rules as
     train_tensorflow.py's, plus --profile-steps, which only this script has.)
     """
-    problems, fixes = [], []
-    default = build_parser().get_default
+    parser = build_parser()
+    default = parser.get_default
+    problems, fixes = nonfinite_problems(args, parser)
+    if problems:  # NaN passes every comparison below (nan <= 0 is False): refused first, on its own
+        raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
     for name in ("epochs", "batch_size", "log_interval"):
         if getattr(args, name) < 1:
             flag = "--" + name.replace("_", "-")
@@ -340,6 +371,152 @@ def save_atomic(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def load_checkpoint(path: Path) -> dict | None:
+    """The checkpoint at `path`, verified; None if there is none. It is complete by construction (written
+    as `checkpoint.pt.tmp`, then renamed): a crash mid-write leaves the `.tmp`, which is never read, and the
+    previous checkpoint. What can still go wrong is the file itself, later (a damaged disk, a bad copy): a file
+    torch.load cannot read, or whose content no longer matches the SHA-256 saved in it, raises
+    ValueError naming it, with the fix. This script keeps one checkpoint, so there is no older one to
+    fall back on: resuming from a damaged one would train on (or from) garbage."""
+    if not path.is_file():
+        return None
+    fix = (f"Fix: move it out of {path.parent} (or delete it) to train from the start, or pass another "
+           "--checkpoint-dir (on SageMaker: another checkpoint S3 location).")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # whatever a damaged archive or pickle raises: it is unreadable
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        reason = reason.split(". ")[0].rstrip(".")  # PyTorch's first sentence says what; the rest, guesses why
+        raise ValueError(f"The checkpoint {path} is damaged: torch.load cannot read it ({reason}). {fix}") from exc
+    if not isinstance(state, dict) or "model" not in state:
+        raise ValueError(f"The checkpoint {path} is not one this script wrote (no model in it). {fix}")
+    saved = state.pop(CHECKSUM_KEY, None)
+    if saved is None:
+        print(f"The checkpoint {path} has no checksum (an older version of this script wrote it): "
+              "it is used unverified.", flush=True)
+    elif state_digest(state) != saved:
+        raise ValueError(f"The checkpoint {path} is damaged: its content no longer matches the SHA-256 saved in it. "
+                         f"{fix}")
+    return state
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+CHECKSUM_KEY = "sha256"  # the checkpoint's own digest, saved inside it (state_digest of the rest)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def state_digest(state) -> str:
+    """SHA-256 of a checkpoint's content: every tensor's dtype, shape and bytes, every other value's repr,
+    dicts in key order. Saved inside the checkpoint and computed again on load, it tells a file whose
+    bytes changed after it was written: torch.load checks no checksum of its own, and reads a tensor
+    whose bytes were overwritten as if nothing happened (random bytes in a checkpoint gave NaN weights)."""
+    digest = hashlib.sha256()
+
+    def feed(value) -> None:
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().cpu().contiguous()
+            digest.update(f"tensor {tensor.dtype} {tuple(tensor.shape)};".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, dict):
+            digest.update(f"dict {len(value)};".encode())
+            for key in sorted(value, key=repr):
+                digest.update(f"{key!r}:".encode())
+                feed(value[key])
+        elif isinstance(value, list | tuple):
+            digest.update(f"{type(value).__name__} {len(value)};".encode())
+            for item in value:
+                feed(item)
+        else:
+            digest.update(f"{value!r};".encode())
+
+    feed(state)
+    return digest.hexdigest()
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+STALE_NAMES = re.compile(r"(checkpoint\.pt|progress\.json|fault\.json|latest)\.tmp|step-\d+\.partial")
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def clean_stale(checkpoint_dir: str | Path) -> list[str]:
+    """Rank 0, as a run starts, before anything reads or writes the checkpoint folder: remove what a run
+    killed mid-write left there, and print what went. Only the names these scripts write while a file
+    or folder is unfinished (STALE_NAMES: write_atomic's `<name>.tmp`, a sharded checkpoint's
+    `step-<N>.partial/`), never anything else. Such leftovers are never read, but they hold space, and
+    on a disk they filled the next save fails for them. No other process writes here by then: the
+    ranks of an earlier attempt are gone before torchrun starts the next, and the workshop locks a
+    checkpoint folder for the job that uses it."""
+    folder = Path(checkpoint_dir)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.iterdir()):
+        if not STALE_NAMES.fullmatch(path.name):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name + "/")
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            removed.append(path.name)
+    if removed:
+        print(f"Removed what an earlier run left unfinished in {folder}: {', '.join(removed)}.", flush=True)
+    return removed
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+class Divergence:
+    """Stops a run whose training diverged, before it writes a checkpoint of it.
+
+    Every rank calls `note(loss, step)` after each step: it records the first global step whose loss on
+    this rank was not finite, on the device, without waiting for it. Every rank calls `check(step)` at the
+    same points (a log line, before a checkpoint, at an epoch's end): one all-reduce tells every rank
+    each rank's first bad step, and if there is one, every rank stops (exit_with) with the same message:
+    the step, the rank, the loss, and `fix`. `weights=` the model about to be saved: its parameters
+    (this rank's shards) must be finite too, since a huge step can overflow them while the loss that
+    led to it was still finite. `sum_over_ranks(tensor)` returns the tensor summed over every rank (an
+    all-reduce: torch.distributed's, or Horovod's)."""
+
+    def __init__(self, device: torch.device, rank: int, world_size: int, sum_over_ranks, fix: str):
+        self.rank, self.world_size, self.sum_over_ranks, self.fix = rank, world_size, sum_over_ranks, fix
+        self.first = torch.zeros((), dtype=torch.float64, device=device)  # first bad step (0: none)
+        self.value = torch.zeros((), dtype=torch.float64, device=device)  # its loss (nan, inf or -inf)
+
+    def note(self, loss: torch.Tensor, step: int) -> None:
+        loss = loss.detach().to(torch.float64)
+        new = (self.first == 0) & ~torch.isfinite(loss)
+        self.first = torch.where(new, float(step), self.first)
+        self.value = torch.where(new, loss, self.value)
+
+    def check(self, step: int, weights: nn.Module | None = None) -> None:
+        report = torch.zeros(self.world_size, 3, dtype=torch.float64, device=self.first.device)
+        report[self.rank, 0], report[self.rank, 1] = self.first, self.value
+        if weights is not None:
+            local = [p.to_local() if hasattr(p, "to_local") else p for p in weights.parameters()]
+            finite = torch.stack([torch.isfinite(p.detach()).all() for p in local]).all()
+            report[self.rank, 2] = torch.where(finite, 0.0, float(step))
+        if self.world_size > 1:
+            report = self.sum_over_ranks(report)  # every rank's first bad step (each row is one rank's; the rest add 0)
+        rows = report.cpu().tolist()
+        bad = sorted((first, rank, value, 0.0) for rank, (first, value, _) in enumerate(rows) if first)
+        bad += sorted((weights_at, rank, 0.0, weights_at) for rank, (_, _, weights_at) in enumerate(rows) if weights_at)
+        if not bad:
+            return
+        first, rank, value, weights_at = min(bad)
+        if weights_at:
+            what = (f"rank {rank}'s weights were not finite after global step {int(weights_at)}, while its loss "
+                    "still was")
+        else:
+            what = f"the loss was {value} at global step {int(first)} on rank {rank}"
+            others = [f"rank {r} at step {int(f)}" for f, r, _, w in bad if not w and r != rank]
+            if others:
+                what += f" (and on {', '.join(others)})"
+        exit_with(f"Training diverged: {what}. The run stops here, before it checkpoints the broken weights: "
+                         f"the checkpoints already written stay as they were. Fix: {self.fix}.")
+
+
 # ----------------------------------------------------------------------------- training
 
 
@@ -422,15 +599,24 @@ def main(argv=None) -> int:
 
     start_epoch = 1
     ckpt_path = Path(args.checkpoint_dir) / "checkpoint.pt"
-    state = None
-    if rank == 0 and ckpt_path.is_file():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    state = None  # rank 0's checkpoint, or (text) why it cannot be resumed from
+    if rank == 0:
+        clean_stale(args.checkpoint_dir)  # what a killed run left half-written: before anything reads or writes there
+        try:
+            state = load_checkpoint(ckpt_path)
+        except ValueError as exc:  # damaged: every rank stops with this message, before training
+            state = str(exc)
     state = hvd.broadcast_object(state, root_rank=0, name="checkpoint")  # Horovod: rank 0's checkpoint, on every host
+    if isinstance(state, str):
+        exit_with(state)
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_epoch = state["epoch"] + 1
-        if rank == 0:
+        if rank == 0 and start_epoch > args.epochs:
+            print(f"Nothing left to train: the run had already finished. {ckpt_path} holds epoch {state['epoch']} and "
+                  f"this run trains --epochs {args.epochs}; its model is evaluated and saved as it is.", flush=True)
+        elif rank == 0:
             print(f"Resumed from {ckpt_path} after epoch {state['epoch']}.", flush=True)
 
     # Horovod: start every rank from rank 0's weights and optimizer state (seeds differ above).
@@ -452,6 +638,11 @@ def main(argv=None) -> int:
     step = (start_epoch - 1) * len(loader)
     profiler = StepProfiler(args.profile_steps, args.output_dir, rank)  # --profile-steps (0: off)
     horovod_profile = HorovodProfile(hvd, profiler)  # Horovod's timeline of the profiled steps
+    scaled = f" (x {size} ranks = {lr:g}, --scale-lr)" if args.scale_lr and size > 1 else ""
+    # Horovod: a sum over the ranks, for every rank's first non-finite loss (see Divergence)
+    diverged = Divergence(device, rank, size, lambda t: hvd.allreduce(t, op=hvd.Sum, name="divergence"), (
+        f"a lower --lr than {args.lr:g}{scaled}, e.g. {build_parser().get_default('lr')} (its default), with an empty "
+        "--checkpoint-dir (a run that resumes takes its learning rate from the checkpoint)"))
     test_loss = test_acc = float("nan")
     for epoch in range(start_epoch, args.epochs + 1):
         sampler.set_epoch(epoch)  # Horovod: a new shuffle each epoch, the same on every rank
@@ -469,8 +660,10 @@ def main(argv=None) -> int:
             horovod_profile.follow()
             step += 1
             seen += len(y)
+            diverged.note(loss, step)
             if i % args.log_interval == 0:
                 metrics(rank=rank, epoch=epoch, step=step, train_loss=loss.item())
+                diverged.check(step)  # Horovod: every rank, at the same step: a NaN loss stops them all
             if args.max_steps and i >= args.max_steps:
                 break
         epoch_time = time.perf_counter() - t0
@@ -478,6 +671,7 @@ def main(argv=None) -> int:
         horovod_profile.follow()
         if profiler.epoch == epoch and seen > profiler.samples:  # the profiled (slower) steps are left out
             epoch_time, seen = epoch_time - profiler.seconds, seen - profiler.samples
+        diverged.check(step, weights=model)  # before the epoch's test and checkpoint
         test_loss, test_acc = evaluate(hvd, model, test_set, device)
         if rank == 0:  # Horovod: only rank 0 writes, so ranks never race on the same files
             metrics(
@@ -485,10 +679,14 @@ def main(argv=None) -> int:
                 epoch_time_s=epoch_time, samples_per_sec=seen * size / epoch_time,
             )
             Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-            save_atomic({"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, ckpt_path)
+            checkpoint = {"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            checkpoint[CHECKSUM_KEY] = state_digest(checkpoint)  # what load_checkpoint verifies
+            save_atomic(checkpoint, ckpt_path)
 
     if start_epoch > args.epochs:  # resumed a finished run: report the model as it is
         test_loss, test_acc = evaluate(hvd, model, test_set, device)
+        if rank == 0:  # the test of the epoch the checkpoint ended, as that epoch's own line
+            metrics(rank=0, epoch=start_epoch - 1, step=step, test_loss=test_loss, test_accuracy=test_acc)
 
     digest = weights_digest(model)
     metrics(rank=rank, weights_sha256=digest)

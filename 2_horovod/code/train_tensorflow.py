@@ -27,8 +27,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -56,6 +58,42 @@ def str2bool(text: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def nonfinite_problems(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """check_args' first rule, as (problems, fixes), both empty when it holds: every float flag has a finite
+    value. argparse's float() reads 'nan', 'inf' and '1e999' (inf) without complaint, and they pass the rules
+    that follow (nan <= 0 is False, and so is nan > 0); a run with --lr nan trains on NaN from its first step."""
+    problems, fixes = [], []
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.type is float and isinstance(value, float) and not math.isfinite(value):
+            flag = max(action.option_strings, key=len)
+            problems.append(f"{flag} must be a finite number, got {value}")
+            fixes.append(f"set {flag} to a finite number, e.g. {action.default} (its default)")
+    return problems, fixes
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def restore_error(exc: BaseException) -> str:
+    """What TensorFlow said when it could not restore a checkpoint, in one line, without its op's wrapping
+    (`{{function_node ...}}`, `[Op:RestoreV2]`): e.g. "TensorBundle at ... Checksum does not match". From a
+    graph (a distributed read), the line with the error's status (`(0) DATA_LOSS: ...`), not the headline."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    status = [re.sub(r"^\(\d+\)\s*", "", line) for line in lines if re.match(r"(\(\d+\)\s*)?[A-Z_]{4,}:\s", line)]
+    text = (status or [line for line in lines if not line.endswith(":")] or [type(exc).__name__])[0]
+    text = re.sub(r"\s*\[Op:\w+\]$", "", re.sub(r"^\{\{.*?\}\}\s*", "", text))
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def exit_with(message: str) -> None:
+    """End this process with `message` as its last line, and exit status 1. On stdout, after the METRICS
+    lines printed before it: a launcher relays a rank's stdout and stderr apart, so a message on stderr
+    (SystemExit's) can arrive before them, and the workshop reports a rank's last line as why it ended."""
+    print(message, flush=True)
+    raise SystemExit(1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,8 +148,11 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
     The message names each broken rule, then after "Fix:" what to do about each, so the
     workshop (and a reader of the job's log) can tell the user what to change.
     """
-    problems, fixes = [], []
-    default = build_parser().get_default
+    parser = build_parser()
+    default = parser.get_default
+    problems, fixes = nonfinite_problems(args, parser)
+    if problems:  # NaN passes every comparison below (nan <= 0 is False): refused first, on its own
+        raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
     for name in ("epochs", "batch_size", "log_interval"):
         if getattr(args, name) < 1:
             flag = "--" + name.replace("_", "-")
@@ -261,12 +302,25 @@ def main(argv=None) -> int:
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var)
     ckpt_dir = Path(args.checkpoint_dir)
     latest = tf.train.latest_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    damaged = None  # why rank 0 cannot resume from `latest`: every rank stops with it, before training
     if rank == 0 and latest:
-        ckpt.restore(latest).expect_partial()
-        print(f"Resumed from {latest} after epoch {int(epoch_var.numpy())}.", flush=True)
+        try:  # TensorFlow checks each tensor's CRC32C as it reads it: damaged bytes fail here
+            ckpt.restore(latest).expect_partial()
+        except Exception as exc:  # whatever a damaged or cut-short checkpoint raises: it cannot be used
+            damaged = (f"The checkpoint {latest} is damaged: TensorFlow cannot restore it ({restore_error(exc)}). Fix: move "
+                       f"its files (ckpt.*) out of {ckpt_dir} (or delete them) to train from the start, or pass "
+                       "another --checkpoint-dir.")
+        else:
+            print(f"Resumed from {latest} after epoch {int(epoch_var.numpy())}.", flush=True)
+    damaged = hvd.broadcast_object(damaged, root_rank=0, name="checkpoint_damaged")  # Horovod: rank 0's verdict
+    if damaged:
+        exit_with(damaged)
     # Horovod: start every rank from rank 0's weights, optimizer state and epoch.
     hvd.broadcast_variables(tf_vars(model.variables) + tf_vars(optimizer.variables) + [epoch_var], root_rank=0)
     start_epoch = int(epoch_var.numpy()) + 1
+    if rank == 0 and latest and start_epoch > args.epochs:
+        print(f"Nothing left to train: the run had already finished. {latest} holds epoch {start_epoch - 1} and this "
+              f"run trains --epochs {args.epochs}; its model is evaluated and saved as it is.", flush=True)
 
     @tf.function
     def train_step(x, y):
@@ -296,8 +350,31 @@ def main(argv=None) -> int:
         totals = hvd.allreduce(tf.constant(totals), op=hvd.Sum, name="eval_totals").numpy()  # Horovod: global sums
         return totals[0] / totals[2], totals[1] / totals[2]
 
+    def stop_if_diverged(step: int, first_bad: int, weights: bool = False) -> None:
+        """Every rank, at the same step: if any rank's loss was not finite (`first_bad`: this rank's first
+        such step, 0 for none), or with `weights` its weights are not, every rank stops with the same
+        message, before the checkpoint of a diverged model is written."""
+        report = np.zeros((size, 2))
+        report[rank, 0] = first_bad
+        if weights and not all(np.isfinite(v.numpy()).all() for v in model.trainable_variables):
+            report[rank, 1] = step
+        report = hvd.allreduce(tf.constant(report), op=hvd.Sum, name="divergence").numpy()  # Horovod: every rank's
+        bad = sorted((int(s), r) for r in range(size) for s in report[r] if s)
+        if not bad:
+            return
+        at, who = bad[0]
+        what = (f"the loss was not finite at step {at} on rank {who}" if report[who, 0] == at
+                else f"rank {who}'s weights were not finite after step {at}, while its loss still was")
+        scaled = f" (x {size} ranks = {lr:g}, --scale-lr)" if args.scale_lr and size > 1 else ""
+        exit_with(
+            f"Training diverged: {what}. The run stops here, before it checkpoints the broken weights: the "
+            f"checkpoint already written stays as it was. Fix: a lower --lr than {args.lr:g}{scaled}, e.g. "
+            f"{build_parser().get_default('lr')} (its default), with an empty --checkpoint-dir (a run that resumes "
+            "takes its learning rate from the checkpoint).")
+
     steps_per_epoch = len(train_x) // size // args.batch_size
     step = (start_epoch - 1) * steps_per_epoch
+    first_bad = 0  # this rank's first step whose loss was not finite
     test_loss = test_acc = float("nan")
     for epoch in range(start_epoch, args.epochs + 1):
         # Horovod: each rank takes a disjoint 1/size shard of the epoch's shuffle (same seed everywhere).
@@ -309,11 +386,15 @@ def main(argv=None) -> int:
             loss = train_step(train_x[idx], train_y[idx])
             step += 1
             seen += len(idx)
+            if not first_bad and not math.isfinite(float(loss)):
+                first_bad = step
             if i % args.log_interval == 0:
                 metrics(rank=rank, epoch=epoch, step=step, train_loss=float(loss))
+                stop_if_diverged(step, first_bad)  # Horovod: every rank, at the same step
             if args.max_steps and i >= args.max_steps:
                 break
         epoch_time = time.perf_counter() - t0
+        stop_if_diverged(step, first_bad, weights=True)  # before the epoch's test and checkpoint
         test_loss, test_acc = evaluate()
         epoch_var.assign(epoch)
         if rank == 0:  # Horovod: only rank 0 writes, so ranks never race on the same files
@@ -326,6 +407,8 @@ def main(argv=None) -> int:
 
     if start_epoch > args.epochs:
         test_loss, test_acc = evaluate()
+        if rank == 0:  # the test of the epoch the checkpoint ended, as that epoch's own line
+            metrics(rank=0, epoch=start_epoch - 1, step=step, test_loss=test_loss, test_accuracy=test_acc)
 
     digest = weights_digest(model)
     metrics(rank=rank, weights_sha256=digest)

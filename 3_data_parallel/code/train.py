@@ -29,6 +29,10 @@ epochs done, batches done of the next, the global step), the model, the optimize
 RNG state, so a run resumed mid-epoch sees exactly the batches and dropout an uninterrupted one
 would; rank 0 reports each one's cost as `METRICS rank=0 step=N checkpoint_s=S`. On resume rank 0 prints `resumed from <checkpoint> at step <N> (restart <k>)` and, after the
 first step, `METRICS ... resumed_step=N lost_steps=L recover_s=S` (see `report_recovery`).
+The SHA-256 of a checkpoint's content, saved inside it, is verified when a run resumes: a damaged
+checkpoint stops the run before it trains, named (see `load_checkpoint`). A NaN or infinite loss stops
+every rank before it is checkpointed (see `Divergence`). What a killed save left (`checkpoint.pt.tmp`)
+is removed when the next run starts (see `clean_stale`).
 `--fault kill-rank=R@step=N` (default: the environment variable WORKSHOP_FAULT) makes rank R SIGKILL
 itself after global step N (and that step's checkpoint, if one is due), on the first attempt only
 (see `parse_fault`, `inject_fault`).
@@ -46,9 +50,11 @@ import gc
 import hashlib
 import itertools
 import json
+import math
 import os
 import platform
 import re
+import shutil
 import signal
 import sys
 import time
@@ -82,6 +88,30 @@ def str2bool(text: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def nonfinite_problems(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """check_args' first rule, as (problems, fixes), both empty when it holds: every float flag has a finite
+    value. argparse's float() reads 'nan', 'inf' and '1e999' (inf) without complaint, and they pass the rules
+    that follow (nan <= 0 is False, and so is nan > 0); a run with --lr nan trains on NaN from its first step."""
+    problems, fixes = [], []
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.type is float and isinstance(value, float) and not math.isfinite(value):
+            flag = max(action.option_strings, key=len)
+            problems.append(f"{flag} must be a finite number, got {value}")
+            fixes.append(f"set {flag} to a finite number, e.g. {action.default} (its default)")
+    return problems, fixes
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def exit_with(message: str) -> None:
+    """End this process with `message` as its last line, and exit status 1. On stdout, after the METRICS
+    lines printed before it: a launcher relays a rank's stdout and stderr apart, so a message on stderr
+    (SystemExit's) can arrive before them, and the workshop reports a rank's last line as why it ended."""
+    print(message, flush=True)
+    raise SystemExit(1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,8 +196,11 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
     workshop (and a reader of the job's log) can tell the user what to change. `fault` is the
     fault to check (None: --fault, whose default is the environment variable WORKSHOP_FAULT).
     """
-    problems, fixes = [], []
-    default = build_parser().get_default
+    parser = build_parser()
+    default = parser.get_default
+    problems, fixes = nonfinite_problems(args, parser)
+    if problems:  # NaN passes every comparison below (nan <= 0 is False): refused first, on its own
+        raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
     for name in ("epochs", "batch_size", "log_interval"):
         if getattr(args, name) < 1:
             flag = "--" + name.replace("_", "-")
@@ -674,14 +707,100 @@ def announce_resume(checkpoint: str | Path | None, step: int, recovery: dict) ->
 def report_recovery(recovery: dict, resumed_step: int, step: int | None) -> None:
     """A resumed run's METRICS line, once its first step (`step`; None when none was left) is done:
     restart, resumed_step, lost_steps (exact) or lost_steps_at_least (from the progress record), and
-    recover_s, the seconds from the injected fault to the end of that first step."""
+    recover_s, the seconds from the injected fault to the end of that first step; finished=1 when no
+    step was left (the checkpoint was the run's last)."""
     values = {"rank": 0, "step": resumed_step if step is None else step, "restart": recovery["attempt"],
               "resumed_step": resumed_step}
+    if step is None:
+        values["finished"] = 1
     if recovery["lost_steps"] is not None:
         values["lost_steps" if recovery["exact"] else "lost_steps_at_least"] = recovery["lost_steps"]
     if recovery["fault_time"] is not None and step is not None:
         values["recover_s"] = time.time() - recovery["fault_time"]
     metrics(**values)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+STALE_NAMES = re.compile(r"(checkpoint\.pt|progress\.json|fault\.json|latest)\.tmp|step-\d+\.partial")
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def clean_stale(checkpoint_dir: str | Path) -> list[str]:
+    """Rank 0, as a run starts, before anything reads or writes the checkpoint folder: remove what a run
+    killed mid-write left there, and print what went. Only the names these scripts write while a file
+    or folder is unfinished (STALE_NAMES: write_atomic's `<name>.tmp`, a sharded checkpoint's
+    `step-<N>.partial/`), never anything else. Such leftovers are never read, but they hold space, and
+    on a disk they filled the next save fails for them. No other process writes here by then: the
+    ranks of an earlier attempt are gone before torchrun starts the next, and the workshop locks a
+    checkpoint folder for the job that uses it."""
+    folder = Path(checkpoint_dir)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.iterdir()):
+        if not STALE_NAMES.fullmatch(path.name):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name + "/")
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            removed.append(path.name)
+    if removed:
+        print(f"Removed what an earlier run left unfinished in {folder}: {', '.join(removed)}.", flush=True)
+    return removed
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+class Divergence:
+    """Stops a run whose training diverged, before it writes a checkpoint of it.
+
+    Every rank calls `note(loss, step)` after each step: it records the first global step whose loss on
+    this rank was not finite, on the device, without waiting for it. Every rank calls `check(step)` at the
+    same points (a log line, before a checkpoint, at an epoch's end): one all-reduce tells every rank
+    each rank's first bad step, and if there is one, every rank stops (exit_with) with the same message:
+    the step, the rank, the loss, and `fix`. `weights=` the model about to be saved: its parameters
+    (this rank's shards) must be finite too, since a huge step can overflow them while the loss that
+    led to it was still finite. `sum_over_ranks(tensor)` returns the tensor summed over every rank (an
+    all-reduce: torch.distributed's, or Horovod's)."""
+
+    def __init__(self, device: torch.device, rank: int, world_size: int, sum_over_ranks, fix: str):
+        self.rank, self.world_size, self.sum_over_ranks, self.fix = rank, world_size, sum_over_ranks, fix
+        self.first = torch.zeros((), dtype=torch.float64, device=device)  # first bad step (0: none)
+        self.value = torch.zeros((), dtype=torch.float64, device=device)  # its loss (nan, inf or -inf)
+
+    def note(self, loss: torch.Tensor, step: int) -> None:
+        loss = loss.detach().to(torch.float64)
+        new = (self.first == 0) & ~torch.isfinite(loss)
+        self.first = torch.where(new, float(step), self.first)
+        self.value = torch.where(new, loss, self.value)
+
+    def check(self, step: int, weights: nn.Module | None = None) -> None:
+        report = torch.zeros(self.world_size, 3, dtype=torch.float64, device=self.first.device)
+        report[self.rank, 0], report[self.rank, 1] = self.first, self.value
+        if weights is not None:
+            local = [p.to_local() if hasattr(p, "to_local") else p for p in weights.parameters()]
+            finite = torch.stack([torch.isfinite(p.detach()).all() for p in local]).all()
+            report[self.rank, 2] = torch.where(finite, 0.0, float(step))
+        if self.world_size > 1:
+            report = self.sum_over_ranks(report)  # every rank's first bad step (each row is one rank's; the rest add 0)
+        rows = report.cpu().tolist()
+        bad = sorted((first, rank, value, 0.0) for rank, (first, value, _) in enumerate(rows) if first)
+        bad += sorted((weights_at, rank, 0.0, weights_at) for rank, (_, _, weights_at) in enumerate(rows) if weights_at)
+        if not bad:
+            return
+        first, rank, value, weights_at = min(bad)
+        if weights_at:
+            what = (f"rank {rank}'s weights were not finite after global step {int(weights_at)}, while its loss "
+                    "still was")
+        else:
+            what = f"the loss was {value} at global step {int(first)} on rank {rank}"
+            others = [f"rank {r} at step {int(f)}" for f, r, _, w in bad if not w and r != rank]
+            if others:
+                what += f" (and on {', '.join(others)})"
+        exit_with(f"Training diverged: {what}. The run stops here, before it checkpoints the broken weights: "
+                         f"the checkpoints already written stay as they were. Fix: {self.fix}.")
 
 
 # ----------------------------------------------------------------------------- training
@@ -695,7 +814,8 @@ def save_checkpoint(path: Path, model, optimizer, position: dict, batch_size: in
     `position`: {"epoch": whole epochs done, "batch": batches done of the next one, "step": global
     step}. With the model and optimizer go every rank's RNG state (dropout), so a resumed run draws
     what an uninterrupted one would; the sampler needs none (its shuffle is a function of the seed
-    and the epoch). One file replaced whole: a crash leaves the previous checkpoint or this one.
+    and the epoch). One file replaced whole: a crash leaves the previous checkpoint or this one. Its
+    content's SHA-256 (state_digest) is saved inside it, for load_checkpoint to verify.
     """
     t0 = time.perf_counter()
     rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
@@ -706,6 +826,7 @@ def save_checkpoint(path: Path, model, optimizer, position: dict, batch_size: in
     if rank == 0:
         state = {**position, "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(), "rng": rngs,
                  "world_size": world_size, "batch_size": batch_size}
+        state[CHECKSUM_KEY] = state_digest(state)  # what load_checkpoint verifies
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, lambda f: torch.save(state, f))
     if world_size > 1:
@@ -713,12 +834,67 @@ def save_checkpoint(path: Path, model, optimizer, position: dict, batch_size: in
     return time.perf_counter() - t0
 
 
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def load_checkpoint(path: Path) -> dict | None:
-    """The checkpoint at `path`, None if there is none. It is complete by construction (write_atomic):
-    a crash mid-write leaves `checkpoint.pt.tmp`, which is never read, and the previous checkpoint."""
+    """The checkpoint at `path`, verified; None if there is none. It is complete by construction (written
+    as `checkpoint.pt.tmp`, then renamed): a crash mid-write leaves the `.tmp`, which is never read, and the
+    previous checkpoint. What can still go wrong is the file itself, later (a damaged disk, a bad copy): a file
+    torch.load cannot read, or whose content no longer matches the SHA-256 saved in it, raises
+    ValueError naming it, with the fix. This script keeps one checkpoint, so there is no older one to
+    fall back on: resuming from a damaged one would train on (or from) garbage."""
     if not path.is_file():
         return None
-    return torch.load(path, map_location="cpu", weights_only=False)
+    fix = (f"Fix: move it out of {path.parent} (or delete it) to train from the start, or pass another "
+           "--checkpoint-dir (on SageMaker: another checkpoint S3 location).")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # whatever a damaged archive or pickle raises: it is unreadable
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        reason = reason.split(". ")[0].rstrip(".")  # PyTorch's first sentence says what; the rest, guesses why
+        raise ValueError(f"The checkpoint {path} is damaged: torch.load cannot read it ({reason}). {fix}") from exc
+    if not isinstance(state, dict) or "model" not in state:
+        raise ValueError(f"The checkpoint {path} is not one this script wrote (no model in it). {fix}")
+    saved = state.pop(CHECKSUM_KEY, None)
+    if saved is None:
+        print(f"The checkpoint {path} has no checksum (an older version of this script wrote it): "
+              "it is used unverified.", flush=True)
+    elif state_digest(state) != saved:
+        raise ValueError(f"The checkpoint {path} is damaged: its content no longer matches the SHA-256 saved in it. "
+                         f"{fix}")
+    return state
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+CHECKSUM_KEY = "sha256"  # the checkpoint's own digest, saved inside it (state_digest of the rest)
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def state_digest(state) -> str:
+    """SHA-256 of a checkpoint's content: every tensor's dtype, shape and bytes, every other value's repr,
+    dicts in key order. Saved inside the checkpoint and computed again on load, it tells a file whose
+    bytes changed after it was written: torch.load checks no checksum of its own, and reads a tensor
+    whose bytes were overwritten as if nothing happened (random bytes in a checkpoint gave NaN weights)."""
+    digest = hashlib.sha256()
+
+    def feed(value) -> None:
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().cpu().contiguous()
+            digest.update(f"tensor {tensor.dtype} {tuple(tensor.shape)};".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, dict):
+            digest.update(f"dict {len(value)};".encode())
+            for key in sorted(value, key=repr):
+                digest.update(f"{key!r}:".encode())
+                feed(value[key])
+        elif isinstance(value, list | tuple):
+            digest.update(f"{type(value).__name__} {len(value)};".encode())
+            for item in value:
+                feed(item)
+        else:
+            digest.update(f"{value!r};".encode())
+
+    feed(state)
+    return digest.hexdigest()
 
 
 def set_rng_state(rng: dict) -> None:
@@ -826,15 +1002,21 @@ def main(argv=None) -> int:
     fault = parse_fault(args.fault)  # check_args has checked it
     ckpt_dir = Path(args.checkpoint_dir)
     ckpt_path = ckpt_dir / "checkpoint.pt"
-    state = [None]
+    state = [None]  # rank 0's checkpoint, or (text) why it cannot be resumed from
     if rank == 0:
-        state = [load_checkpoint(ckpt_path)]
+        clean_stale(ckpt_dir)  # what a killed run left half-written: before anything reads or writes here
+        try:
+            state = [load_checkpoint(ckpt_path)]
+        except ValueError as exc:  # damaged: every rank stops with this message, before training
+            state = [str(exc)]
         if attempt == 0 and state[0] is None:  # a fresh start: a fault record left by an earlier run is not this run's
             with contextlib.suppress(FileNotFoundError):
                 (ckpt_dir / "fault.json").unlink()
     if distributed:
         # DDP: rank 0's checkpoint reaches every rank, whichever hosts have the file.
         dist.broadcast_object_list(state, src=0)
+    if isinstance(state[0], str):
+        exit_with(state[0])
     start_epoch, skip, step, rng, recovery = 1, 0, 0, None, None
     if state[0] is not None:
         ckpt = state[0]
@@ -851,7 +1033,11 @@ def main(argv=None) -> int:
         if rank == 0:
             recovery = read_recovery(ckpt_dir, step, attempt)
             announce_resume(ckpt_path, step, recovery)
-            if skip:
+            if start_epoch > args.epochs:
+                print(f"Nothing left to train: the run had already finished. {ckpt_path} holds epoch {ckpt['epoch']} "
+                      f"(step {step}) and this run trains --epochs {args.epochs}; its model is evaluated and saved "
+                      "as it is.", flush=True)
+            elif skip:
                 print(f"Resumed from {ckpt_path} in epoch {start_epoch}, after its batch {skip} of {per_epoch}"
                       + (f" (rescaled from a world of {ckpt['world_size']} x {ckpt['batch_size']}: the rest of "
                          "the epoch is split differently)" if resharded else "") + ".", flush=True)
@@ -866,6 +1052,11 @@ def main(argv=None) -> int:
     resumed_step = step
 
     profiler = StepProfiler(args.profile_steps, args.output_dir, rank)  # --profile-steps (0: off)
+    scaled = f" (x {world_size} ranks = {lr:g}, --scale-lr)" if args.scale_lr and world_size > 1 else ""
+    # DDP: a sum over the ranks, for every rank's first non-finite loss (see Divergence)
+    diverged = Divergence(device, rank, world_size, lambda t: dist.all_reduce(t) or t, (
+        f"a lower --lr than {args.lr:g}{scaled}, e.g. {build_parser().get_default('lr')} (its default), with an empty "
+        "--checkpoint-dir (a run that resumes takes its learning rate from the checkpoint)"))
     test_loss = test_acc = float("nan")
     for epoch in range(start_epoch, args.epochs + 1):
         sampler.set_epoch(epoch)  # DDP: a new shuffle each epoch, the same on every rank
@@ -888,12 +1079,15 @@ def main(argv=None) -> int:
             profiler.step(len(y))  # --profile-steps: one ProfilerStep ends here
             step += 1
             seen += len(y)
+            diverged.note(loss, step)
             if i % args.log_interval == 0:
                 # time: wall clock (Unix seconds), to place the steps of every attempt on one time axis
                 metrics(rank=rank, epoch=epoch, step=step, train_loss=loss.item(), time=f"{time.time():.3f}")
+                diverged.check(step)  # DDP: every rank, at the same step: a NaN loss stops them all
                 if rank == 0:
                     write_progress(ckpt_dir, step, attempt)
             if args.checkpoint_every and step % args.checkpoint_every == 0:
+                diverged.check(step, weights=model)  # never a checkpoint of diverged weights
                 took = save_checkpoint(ckpt_path, model, optimizer, {"epoch": epoch - 1, "batch": i, "step": step},
                                        args.batch_size, rank, world_size)
                 if rank == 0:
@@ -906,6 +1100,7 @@ def main(argv=None) -> int:
         profiler.stop()  # an epoch shorter than the profiled window: its trace holds what it had
         if profiler.epoch == epoch and seen > profiler.samples:  # the profiled (slower) steps are left out
             epoch_time, seen = epoch_time - profiler.seconds, seen - profiler.samples
+        diverged.check(step, weights=model)  # before the epoch's test and checkpoint
         test_loss, test_acc = evaluate(model, test_set, rank, world_size, device)
         if rank == 0:
             metrics(
@@ -921,6 +1116,8 @@ def main(argv=None) -> int:
 
     if start_epoch > args.epochs:  # resumed a finished run: report the model as it is
         test_loss, test_acc = evaluate(model, test_set, rank, world_size, device)
+        if rank == 0:  # the test of the epoch the checkpoint ended, as that epoch's own line
+            metrics(rank=0, epoch=start_epoch - 1, step=step, test_loss=test_loss, test_accuracy=test_acc)
 
     digest = weights_digest(unwrap(model))
     metrics(rank=rank, weights_sha256=digest)
@@ -937,6 +1134,8 @@ def main(argv=None) -> int:
         save_atomic(unwrap(model).state_dict(), model_dir / "model.pt")  # never a torn model.pt
         (model_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         print(f"Saved the model and its configuration to {model_dir}.", flush=True)
+        with contextlib.suppress(FileNotFoundError):  # finished: no step of this run is to be done again
+            (ckpt_dir / "progress.json").unlink()
 
     if distributed:
         # DDP: leave in step. A gloo group destroyed while a peer is already gone aborts

@@ -42,12 +42,13 @@ Fault tolerance (under `torchrun --max-restarts K`, which restarts every rank wh
 `--checkpoint-every N` every rank writes its own shard of the model and the AdamW state with
 torch.distributed.checkpoint every N steps and after the last, into `step-<N>.partial/`, which rank 0
 renames to `step-<N>/` once all are in, then points `latest` at it (see "sharded checkpoints"
-below). A run resumes from the newest complete checkpoint in --checkpoint-dir, at any world size (DCP
-reshards), with the data generator where it was, so it trains on the batches an uninterrupted run
+below). A run resumes from the newest complete checkpoint in --checkpoint-dir whose files match their
+checksums (a damaged one is reported and passed over for an older one), at any world size (DCP reshards), with the data generator where it was, so it trains on the batches an uninterrupted run
 would; it prints `resumed from <checkpoint> at step <N> (restart <k>)` and, after its first step,
 `METRICS ... resumed_step=N lost_steps=L recover_s=S`. `--fault kill-rank=R@step=N` (default: the
 environment variable WORKSHOP_FAULT) makes rank R SIGKILL itself after step N (and that step's
-checkpoint, if one is due), on the first attempt only. The default, --checkpoint-every 0, writes no checkpoint, so the measurements stay free of
+checkpoint, if one is due), on the first attempt only. A NaN or infinite loss stops every rank before it is
+checkpointed (see `Divergence`). The default, --checkpoint-every 0, writes no checkpoint, so the measurements stay free of
 checkpoint I/O. On several hosts, every rank must see the same checkpoint folder (a shared file
 system, as the local cluster's is) for a restart within the job to find every shard.
 """
@@ -57,6 +58,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import hashlib
 import json
 import math
 import os
@@ -104,6 +106,30 @@ def json_dict(text: str) -> dict:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("expected a JSON object")
     return value
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def nonfinite_problems(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """check_args' first rule, as (problems, fixes), both empty when it holds: every float flag has a finite
+    value. argparse's float() reads 'nan', 'inf' and '1e999' (inf) without complaint, and they pass the rules
+    that follow (nan <= 0 is False, and so is nan > 0); a run with --lr nan trains on NaN from its first step."""
+    problems, fixes = [], []
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.type is float and isinstance(value, float) and not math.isfinite(value):
+            flag = max(action.option_strings, key=len)
+            problems.append(f"{flag} must be a finite number, got {value}")
+            fixes.append(f"set {flag} to a finite number, e.g. {action.default} (its default)")
+    return problems, fixes
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def exit_with(message: str) -> None:
+    """End this process with `message` as its last line, and exit status 1. On stdout, after the METRICS
+    lines printed before it: a launcher relays a rank's stdout and stderr apart, so a message on stderr
+    (SystemExit's) can arrive before them, and the workshop reports a rank's last line as why it ended."""
+    print(message, flush=True)
+    raise SystemExit(1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,8 +258,11 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
     broken rule, then after "Fix:" what to do about each. `fault` is the fault to check (None:
     --fault, whose default is the environment variable WORKSHOP_FAULT).
     """
-    problems, fixes = [], []
-    default = build_parser().get_default
+    parser = build_parser()
+    default = parser.get_default
+    problems, fixes = nonfinite_problems(args, parser)
+    if problems:  # NaN passes every comparison below (nan <= 0 is False): refused first, on its own
+        raise ValueError("; ".join(problems) + ". Fix: " + "; ".join(fixes) + ".")
     for name in ("layers", "d_model", "heads", "seq_len", "steps", "batch_size", "log_interval", "eval_sequences"):
         if getattr(args, name) < 1:
             flag = "--" + name.replace("_", "-")
@@ -815,14 +844,101 @@ def announce_resume(checkpoint: str | Path | None, step: int, recovery: dict) ->
 def report_recovery(recovery: dict, resumed_step: int, step: int | None) -> None:
     """A resumed run's METRICS line, once its first step (`step`; None when none was left) is done:
     restart, resumed_step, lost_steps (exact) or lost_steps_at_least (from the progress record), and
-    recover_s, the seconds from the injected fault to the end of that first step."""
+    recover_s, the seconds from the injected fault to the end of that first step; finished=1 when no
+    step was left (the checkpoint was the run's last)."""
     values = {"rank": 0, "step": resumed_step if step is None else step, "restart": recovery["attempt"],
               "resumed_step": resumed_step}
+    if step is None:
+        values["finished"] = 1
     if recovery["lost_steps"] is not None:
         values["lost_steps" if recovery["exact"] else "lost_steps_at_least"] = recovery["lost_steps"]
     if recovery["fault_time"] is not None and step is not None:
         values["recover_s"] = time.time() - recovery["fault_time"]
     metrics(**values)
+
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+STALE_NAMES = re.compile(r"(checkpoint\.pt|progress\.json|fault\.json|latest)\.tmp|step-\d+\.partial")
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def clean_stale(checkpoint_dir: str | Path) -> list[str]:
+    """Rank 0, as a run starts, before anything reads or writes the checkpoint folder: remove what a run
+    killed mid-write left there, and print what went. Only the names these scripts write while a file
+    or folder is unfinished (STALE_NAMES: write_atomic's `<name>.tmp`, a sharded checkpoint's
+    `step-<N>.partial/`), never anything else. Such leftovers are never read, but they hold space, and
+    on a disk they filled the next save fails for them. No other process writes here by then: the
+    ranks of an earlier attempt are gone before torchrun starts the next, and the workshop locks a
+    checkpoint folder for the job that uses it."""
+    folder = Path(checkpoint_dir)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.iterdir()):
+        if not STALE_NAMES.fullmatch(path.name):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name + "/")
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            removed.append(path.name)
+    if removed:
+        print(f"Removed what an earlier run left unfinished in {folder}: {', '.join(removed)}.", flush=True)
+    return removed
+
+
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+class Divergence:
+    """Stops a run whose training diverged, before it writes a checkpoint of it.
+
+    Every rank calls `note(loss, step)` after each step: it records the first global step whose loss on
+    this rank was not finite, on the device, without waiting for it. Every rank calls `check(step)` at the
+    same points (a log line, before a checkpoint, at an epoch's end): one all-reduce tells every rank
+    each rank's first bad step, and if there is one, every rank stops (exit_with) with the same message:
+    the step, the rank, the loss, and `fix`. `weights=` the model about to be saved: its parameters
+    (this rank's shards) must be finite too, since a huge step can overflow them while the loss that
+    led to it was still finite. `sum_over_ranks(tensor)` returns the tensor summed over every rank (an
+    all-reduce: torch.distributed's, or Horovod's)."""
+
+    def __init__(self, device: torch.device, rank: int, world_size: int, sum_over_ranks, fix: str):
+        self.rank, self.world_size, self.sum_over_ranks, self.fix = rank, world_size, sum_over_ranks, fix
+        self.first = torch.zeros((), dtype=torch.float64, device=device)  # first bad step (0: none)
+        self.value = torch.zeros((), dtype=torch.float64, device=device)  # its loss (nan, inf or -inf)
+
+    def note(self, loss: torch.Tensor, step: int) -> None:
+        loss = loss.detach().to(torch.float64)
+        new = (self.first == 0) & ~torch.isfinite(loss)
+        self.first = torch.where(new, float(step), self.first)
+        self.value = torch.where(new, loss, self.value)
+
+    def check(self, step: int, weights: nn.Module | None = None) -> None:
+        report = torch.zeros(self.world_size, 3, dtype=torch.float64, device=self.first.device)
+        report[self.rank, 0], report[self.rank, 1] = self.first, self.value
+        if weights is not None:
+            local = [p.to_local() if hasattr(p, "to_local") else p for p in weights.parameters()]
+            finite = torch.stack([torch.isfinite(p.detach()).all() for p in local]).all()
+            report[self.rank, 2] = torch.where(finite, 0.0, float(step))
+        if self.world_size > 1:
+            report = self.sum_over_ranks(report)  # every rank's first bad step (each row is one rank's; the rest add 0)
+        rows = report.cpu().tolist()
+        bad = sorted((first, rank, value, 0.0) for rank, (first, value, _) in enumerate(rows) if first)
+        bad += sorted((weights_at, rank, 0.0, weights_at) for rank, (_, _, weights_at) in enumerate(rows) if weights_at)
+        if not bad:
+            return
+        first, rank, value, weights_at = min(bad)
+        if weights_at:
+            what = (f"rank {rank}'s weights were not finite after global step {int(weights_at)}, while its loss "
+                    "still was")
+        else:
+            what = f"the loss was {value} at global step {int(first)} on rank {rank}"
+            others = [f"rank {r} at step {int(f)}" for f, r, _, w in bad if not w and r != rank]
+            if others:
+                what += f" (and on {', '.join(others)})"
+        exit_with(f"Training diverged: {what}. The run stops here, before it checkpoints the broken weights: "
+                         f"the checkpoints already written stay as they were. Fix: {self.fix}.")
 
 
 def wrap_model(model, args, world_size, local_world_size, device, dtype, cuda):
@@ -954,16 +1070,29 @@ def main(argv=None) -> int:
     measured = {}
     start, recovery, fault = 0, None, parse_fault(args.fault)  # check_args has checked it
     ckpt_dir = Path(args.checkpoint_dir)
-    found = [None]
+    found = [None]  # rank 0's choice of checkpoint, as (its name, its meta.pt), or (text) why none can be used
     if rank == 0:
-        path = find_checkpoint(ckpt_dir)
+        clean_stale(ckpt_dir)  # what a killed run left half-written: before anything reads or writes here
+        damaged = []
+        path = find_checkpoint(ckpt_dir, damaged)
+        for folder, why in damaged:
+            print(f"The checkpoint {folder} is damaged: {why}. Training does not resume from it.", flush=True)
+        if damaged and path is not None:
+            print(f"Resuming from the older checkpoint {path} instead, the newest intact one.", flush=True)
         if attempt == 0 and path is None:  # a fresh start: a fault record left by an earlier run is not this run's
             with contextlib.suppress(FileNotFoundError):
                 (ckpt_dir / "fault.json").unlink()
         if path is not None:
             found = [(path.name, torch.load(path / "meta.pt", map_location="cpu", weights_only=True))]
+        elif damaged:  # resuming was asked for (there are checkpoints), and none can be trusted
+            names = "; ".join(f"{folder.name}: {why}" for folder, why in damaged)
+            found = [f"No intact checkpoint to resume from in {ckpt_dir} ({names}). Fix: move the damaged "
+                     "checkpoint(s) out of it (or delete them) to train from the start, or pass another "
+                     "--checkpoint-dir (on SageMaker: another checkpoint S3 location)."]
     if distributed:
         dist.broadcast_object_list(found, src=0)  # DIST: rank 0 decides which checkpoint every rank loads
+    if isinstance(found[0], str):
+        exit_with(found[0])
     if found[0] is not None:
         name, meta = found[0]
         path = ckpt_dir / name  # each rank's own path to it (SM_CHECKPOINT_DIR may differ between hosts)
@@ -985,6 +1114,9 @@ def main(argv=None) -> int:
         if rank == 0:
             recovery = read_recovery(ckpt_dir, start, attempt)
             announce_resume(path, start, recovery)
+            if start >= args.steps:
+                print(f"Nothing left to train: the run had already finished. {path} holds step {start} and this "
+                      f"run trains --steps {args.steps}; its model is evaluated and saved as it is.", flush=True)
             if meta["world_size"] != world_size:
                 print(f"The checkpoint was written by {meta['world_size']} rank(s); torch.distributed.checkpoint "
                       f"resharded it over {world_size}.", flush=True)
@@ -992,6 +1124,10 @@ def main(argv=None) -> int:
         recovery = read_recovery(ckpt_dir, 0, attempt)
         announce_resume(None, 0, recovery)
     track = args.checkpoint_every > 0 or fault is not None  # progress records only where they can be used
+    # DIST: a sum over the ranks, for every rank's first non-finite loss (see Divergence)
+    diverged = Divergence(device, rank, world_size, lambda t: dist.all_reduce(t) or t, (
+        f"a lower --lr than {args.lr:g}, e.g. {build_parser().get_default('lr')} (its default), with an empty "
+        "--checkpoint-dir (a run that resumes takes its learning rate from the checkpoint)"))
     profiler = StepProfiler(args.profile_steps, args.output_dir, rank)  # --profile-steps (0: off)
     profiler.start(1)
     for step in range(start + 1, args.steps + 1):
@@ -1020,6 +1156,7 @@ def main(argv=None) -> int:
         if not profiled:
             step_times.append(time.perf_counter() - t0)
         loss_value = loss.detach()
+        diverged.note(loss_value, step)
         if distributed:
             dist.all_reduce(loss_value)  # DIST: the mean loss over the global batch
             loss_value /= world_size
@@ -1040,7 +1177,10 @@ def main(argv=None) -> int:
                 metrics(rank=0, step=step, train_loss=last_loss)
                 if track:
                     write_progress(ckpt_dir, step, attempt)
+        if not math.isfinite(last_loss):  # the mean over every rank: each sees it, and stops (with which rank)
+            diverged.check(step)
         if args.checkpoint_every and (step % args.checkpoint_every == 0 or step == args.steps):
+            diverged.check(step, weights=model)  # never a checkpoint of diverged weights
             position = {"step": step, "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
                         "last_loss": last_loss, "model": model_shape(args), "world_size": world_size,
                         "sharding": args.sharding}
@@ -1052,6 +1192,8 @@ def main(argv=None) -> int:
     profiler.stop()
     if recovery is not None:  # resumed with no step left to do
         report_recovery(recovery, start, None)
+    if start < args.steps:
+        diverged.check(args.steps, weights=model)  # not a diverged model saved as the result either
 
     test_loss, test_acc = evaluate(model, test, args, device, autocast)
     per_param = 4 + 4 + 8  # fp32 parameter + fp32 gradient + AdamW's exp_avg and exp_avg_sq
@@ -1067,11 +1209,14 @@ def main(argv=None) -> int:
             step_time_s=sum(timed) / len(timed),
         )
     if rank == 0:
-        metrics(rank=0, final_train_loss=last_loss, test_loss=test_loss, test_accuracy=test_acc,
-                perplexity=math.exp(test_loss))
+        perplexity = math.exp(test_loss) if test_loss < 700 else math.inf  # exp overflows a float past ~709.8
+        metrics(rank=0, final_train_loss=last_loss, test_loss=test_loss, test_accuracy=test_acc, perplexity=perplexity)
         print(f"final next-character test accuracy: {test_acc:.4f} (loss {test_loss:.4f}, perplexity "
-              f"{math.exp(test_loss):.2f})", flush=True)
+              f"{perplexity:.2f})", flush=True)
     save_model(model, args, config, rank)
+    if rank == 0:
+        with contextlib.suppress(FileNotFoundError):  # finished: no step of this run is to be done again
+            (ckpt_dir / "progress.json").unlink()
     if distributed:
         # DIST: leave in step, so no rank tears the group down while a peer still needs it
         dist.barrier()
@@ -1117,12 +1262,16 @@ def save_model(model, args, config, rank):
 
 # ----------------------------------------------------------------------------- sharded checkpoints
 # <checkpoint-dir>/step-<N>/: one torch.distributed.checkpoint (DCP) folder per checkpoint, each rank's
-# shard in its own file plus DCP's `.metadata`, and rank 0's `meta.pt` (step, RNG, model shape).
-# Written as step-<N>.partial/ and renamed by rank 0 once every rank's shard is in; then `latest`
-# (the folder's name) is replaced atomically. A checkpoint is complete iff its folder has no
-# `.partial` suffix and holds `.metadata` and `meta.pt`: a crash at any moment leaves the previous
-# one loadable. DCP reshards on load, so a checkpoint written by N ranks loads on M.
-KEEP_CHECKPOINTS = 2  # the newest complete ones; older ones are deleted after each save
+# shard in its own file plus DCP's `.metadata`, rank 0's `meta.pt` (step, RNG, model shape), and
+# `checksums.json` (each file's size and SHA-256). Written as step-<N>.partial/ and renamed by rank 0
+# once every rank's shard is in and summed; then `latest` (the folder's name) is replaced atomically.
+# A checkpoint is complete iff its folder has no `.partial` suffix and holds `.metadata` and `meta.pt`:
+# a crash at any moment leaves the previous one loadable. It is intact iff every file matches its
+# checksum: a damaged one (a bad disk, a bad copy: DCP and torch.load check no checksum of their own)
+# is reported and passed over for an older intact one. DCP reshards on load, so a checkpoint written
+# by N ranks loads on M.
+KEEP_CHECKPOINTS = 2  # the newest intact ones; older ones are deleted after each save
+CHECKSUMS = "checksums.json"
 
 
 def model_shape(args: argparse.Namespace) -> dict:
@@ -1134,19 +1283,70 @@ def is_complete(folder: Path) -> bool:
             and (folder / "meta.pt").is_file())
 
 
-def find_checkpoint(checkpoint_dir: str | Path) -> Path | None:
-    """The checkpoint to resume from: the one `latest` names if it is complete, else the complete
-    step-<N> folder with the largest N; None if there is none. Partial folders are never chosen."""
+def find_checkpoint(checkpoint_dir: str | Path, damaged: list[tuple[Path, str]] | None = None) -> Path | None:
+    """The checkpoint to resume from: the one `latest` names if it is complete and intact, else the
+    intact step-<N> folder with the largest N; None if there is none. Partial folders are never chosen;
+    each complete one found damaged on the way is added to `damaged` as (folder, why)."""
     folder = Path(checkpoint_dir)
     try:
         name = (folder / "latest").read_text().strip()
     except OSError:
         name = ""
-    if re.fullmatch(r"step-\d+", name) and is_complete(folder / name):
-        return folder / name
     found = [(int(m[1]), p) for p in folder.glob("step-*") if (m := re.fullmatch(r"step-(\d+)", p.name))]
-    complete = [p for _, p in sorted(found, reverse=True) if is_complete(p)]
-    return complete[0] if complete else None
+    candidates = [p for _, p in sorted(found, reverse=True) if is_complete(p)]
+    if re.fullmatch(r"step-\d+", name) and folder / name in candidates:
+        candidates.remove(folder / name)
+        candidates.insert(0, folder / name)
+    for path in candidates:
+        problem = checkpoint_problem(path)
+        if problem is None:
+            if not (path / CHECKSUMS).is_file():
+                print(f"The checkpoint {path} has no {CHECKSUMS} (an older version of this script wrote it): it "
+                      "is used unverified.", flush=True)
+            return path
+        if damaged is not None:
+            damaged.append((path, problem))
+    return None
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_checksums(folder: Path) -> None:
+    """Rank 0, once every file of the checkpoint is in `folder`: each one's size and SHA-256, read back
+    from the disk, into CHECKSUMS (itself written atomically: a checkpoint has all its sums or none)."""
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS)
+    record = {"bytes": {p.name: p.stat().st_size for p in files}, "sha256": {p.name: file_sha256(p) for p in files}}
+    write_atomic(folder / CHECKSUMS, lambda f: f.write(json.dumps(record, indent=1, sort_keys=True).encode()))
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why the complete checkpoint `folder` cannot be trusted (a file missing, cut short, or changed since
+    it was written), or None when every file matches its checksum. A checkpoint from before checksums
+    (no CHECKSUMS file) cannot be checked: None (find_checkpoint says it is used unverified)."""
+    try:
+        record = json.loads((folder / CHECKSUMS).read_text())
+        sizes, sums = record["bytes"], record["sha256"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"its {CHECKSUMS} cannot be read ({exc})"
+    for name in sorted(sums):
+        path = folder / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if size != sizes.get(name):
+            return f"{name} has {size:,} bytes, not the {sizes.get(name):,} written (cut short or overwritten)"
+        if file_sha256(path) != sums[name]:
+            return f"{name} does not match its SHA-256 in {CHECKSUMS} (its bytes changed after it was written)"
+    return None
 
 
 def save_checkpoint(checkpoint_dir: str | Path, step: int, model, optimizer, meta: dict, rank: int,
@@ -1179,15 +1379,24 @@ def save_checkpoint(checkpoint_dir: str | Path, step: int, model, optimizer, met
                 "or set --checkpoint-every 0."
             )
         write_atomic(partial / "meta.pt", lambda f: torch.save(meta, f))
+        write_checksums(partial)  # the last file in: it vouches for every other
         fsync_dir(partial)
         if final.exists():  # a complete checkpoint of the same step, from before a resume: replaced
             shutil.rmtree(final)
         os.rename(partial, final)  # the checkpoint is complete from this instant
         fsync_dir(folder)
         write_atomic(folder / "latest", lambda f: f.write(final.name.encode()))
+        # Keep the KEEP_CHECKPOINTS newest intact checkpoints (this one, summed as it was written, and the
+        # newest that verify before it): a damaged one does not count, so the last good one is never
+        # deleted for it. Anything older than the kept ones goes; a damaged one newer than them stays (a
+        # later save of its step replaces it), for the user to see.
         steps = sorted((int(p.name[5:]), p) for p in folder.glob("step-*") if re.fullmatch(r"step-\d+", p.name))
-        for _, old in steps[:-KEEP_CHECKPOINTS]:
-            shutil.rmtree(old, ignore_errors=True)
+        kept = 0
+        for _, old in reversed(steps):
+            if kept >= KEEP_CHECKPOINTS:
+                shutil.rmtree(old, ignore_errors=True)
+            elif old == final or (is_complete(old) and checkpoint_problem(old) is None):
+                kept += 1
         for old in folder.glob("step-*.partial"):  # no other save is under way: leftovers of crashes
             shutil.rmtree(old, ignore_errors=True)
     if distributed:

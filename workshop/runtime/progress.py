@@ -124,8 +124,8 @@ class JobProgress:
                 self._epochs_done.add(record["epoch"])
         if "samples_per_sec" in record:
             self.samples_per_sec = record["samples_per_sec"]
-        if self.unit == "epoch":
-            done = len(self._epochs_done)
+        if self.unit == "epoch":  # the epochs the job is through: a resumed one did the first ones before
+            done = max(self._epochs_done, default=0)
         else:
             done = self.step or 0
         self._set(done)

@@ -117,6 +117,17 @@ def load_driver() -> ModuleType:
 _EXTENSION_DIR = {"pytorch": ("torch", "torch", "mpi_lib_v2"), "tensorflow": ("tensorflow", "tensorflow", "mpi_lib")}
 
 
+def _distribution_version(package: str) -> str:
+    """The installed version of `package` or of its CPU-only distribution: requirements.txt installs
+    `tensorflow-cpu`, which provides the same `tensorflow` module."""
+    for name in (package, f"{package}-cpu"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    raise importlib.metadata.PackageNotFoundError(package)
+
+
 def check_installed(framework: str) -> None:
     """Fail with the fix unless this environment's Horovod was built for `framework` as installed.
 
@@ -144,7 +155,7 @@ def check_installed(framework: str) -> None:
         )
     try:
         built_for = json.loads((root / "metadata.json").read_text()).get(framework)
-        installed = importlib.metadata.version(package)
+        installed = _distribution_version(package)
     except (OSError, ValueError, importlib.metadata.PackageNotFoundError):
         return
     if built_for and built_for.split("+")[0] != installed.split("+")[0]:

@@ -84,11 +84,13 @@ if [ $GPU = 0 ] && [ -n "$CACHE_DIR" ] && [ -d "$CACHE_DIR" ]; then
     read -r PY_TAG TORCH_VER TF_VER < <("$PY" - <<'PYEOF'
 import sys
 from importlib.metadata import PackageNotFoundError, version
-def v(name):
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "none"
+def v(name):  # the distribution, or its CPU-only build (tensorflow-cpu: the same module)
+    for dist in (name, name + "-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            pass
+    return "none"
 print(f"cp{sys.version_info[0]}{sys.version_info[1]}", v("torch"), v("tensorflow"))
 PYEOF
 )

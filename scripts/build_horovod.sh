@@ -52,21 +52,22 @@ log() { echo "[build_horovod] $*"; }
 [ -x "$PY" ] || { echo "no venv python at $PY: run 'make setup' first" >&2; exit 1; }
 
 # Versions the wheel must match (read from package metadata: no framework import needed).
-# TensorFlow's distribution is `tensorflow-cpu` (requirements.txt) or `tensorflow`: the same module.
-read -r PY_TAG TORCH_VER TF_VER < <("$PY" - <<'EOF'
+# TensorFlow's distribution is `tensorflow-cpu` (requirements.txt) or `tensorflow`: the same module,
+# but not the same headers (the CPU build's leave CUDA out), so a wheel records which it was built for.
+read -r PY_TAG TORCH_VER TF_DIST TF_VER < <("$PY" - <<'EOF'
 import sys
 from importlib.metadata import PackageNotFoundError, version
 def v(name):
     for dist in (name, name + "-cpu"):
         try:
-            return version(dist)
+            return f"{dist} {version(dist)}"
         except PackageNotFoundError:
             pass
-    return "none"
-print(f"cp{sys.version_info[0]}{sys.version_info[1]}", v("torch"), v("tensorflow"))
+    return f"{name} none"
+print(f"cp{sys.version_info[0]}{sys.version_info[1]}", version("torch"), v("tensorflow"))
 EOF
 )
-BUILT_FOR="horovod=$HVD_VERSION python=$PY_TAG torch=$TORCH_VER tensorflow=$TF_VER patches=$PATCH_REV"
+BUILT_FOR="horovod=$HVD_VERSION python=$PY_TAG torch=$TORCH_VER $TF_DIST=$TF_VER patches=$PATCH_REV"
 log "target: $BUILT_FOR"
 
 # True when the venv's horovod is $HVD_VERSION, was built with both frameworks at the venv's

@@ -33,7 +33,7 @@ setup: $(STAMP)
 # Re-runs only when requirements.txt, pyproject.toml or the Horovod build change (or .venv is gone).
 # Horovod 0.28.1 is source-only and needs patches for today's frameworks (lab 2): the first
 # set-up builds it (about 4-9 minutes on 2 cores), later ones install the cached wheel.
-$(STAMP): requirements.txt pyproject.toml scripts/build_horovod.sh workshop/drivers/horovod/build_horovod.sh
+$(STAMP): requirements.txt requirements-no-deps.txt pyproject.toml scripts/build_horovod.sh workshop/drivers/horovod/build_horovod.sh
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "Python 3.11 or newer is needed, found %d.%d: set PYTHON=python3.11 (make PYTHON=python3.11 ...)" % v[:2])'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
@@ -46,7 +46,10 @@ $(STAMP): requirements.txt pyproject.toml scripts/build_horovod.sh workshop/driv
 	@# (cuDNN, cuBLAS, NCCL, ...: gigabytes that a notebook instance's 5 GB volume has no room for). A
 	@# torch of the pinned version already installed (the CUDA build on a GPU machine: README) stays.
 	$(BIN)/python -m pip install --quiet --no-deps --extra-index-url $(TORCH_INDEX) "$$(grep -E '^torch==' requirements.txt)"
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	@# --no-compile: Python compiles a module's bytecode when it is first imported; compiling all of them
+	@# ahead takes 0.5 GB, three times what the labs import (a notebook instance's volume is 5 GB).
+	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-compile --no-deps -r requirements-no-deps.txt
 	@# PYTHONWARNINGS: setuptools' editable-install warning is about a folder named like the package, which
 	@# is how this checkout is laid out on purpose (11 lines of set-up noise otherwise)
 	PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .

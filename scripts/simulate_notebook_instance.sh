@@ -114,6 +114,7 @@ if [ -n "$unified" ]; then
     [ -f "$CG/cpuset.cpus" ] && echo "$cpus_list" >"$CG/cpuset.cpus"
     mem_usage() { cat "$CG/memory.current"; }
     mem_inactive() { awk '$1 == "inactive_file" {print $2}' "$CG/memory.stat"; }
+    mem_anon() { awk '$1 == "anon" || $1 == "shmem" {s += $2} END {print s + 0}' "$CG/memory.stat"; }
     oom_kills() { awk '$1 == "oom_kill" {print $2}' "$CG/memory.events"; }
 else
     CG_VERSION=1
@@ -131,17 +132,22 @@ else
     echo "$cpus_list" >"/sys/fs/cgroup/cpuset/$CG_NAME/cpuset.cpus"
     mem_usage() { cat "$CG/memory.usage_in_bytes"; }
     mem_inactive() { awk '$1 == "total_inactive_file" {print $2}' "$CG/memory.stat"; }
+    mem_anon() { awk '$1 == "total_rss" || $1 == "total_shmem" {s += $2} END {print s + 0}' "$CG/memory.stat"; }
     oom_kills() { awk '$1 == "oom_kill" {print $2}' "$CG/memory.oom_control"; }
 fi
 say "cgroup v$CG_VERSION $CG_NAME: memory $MEMORY, CPUs $cpus_list ($CPUS), swap none"
 
-# Peak memory of a phase: the largest working set (usage less the inactive file cache, which the
-# kernel reclaims under the limit; what `docker stats` and the kubelet report), sampled each second.
+# Peak memory of a phase, sampled each second: the processes' own memory (anonymous and shared
+# memory, which without swap nothing but an OOM kill gives back), and the working set (that plus the
+# file cache in active use, e.g. the frameworks' mapped libraries; what `docker stats` and the kubelet
+# report; the kernel reclaims part of it under the limit).
 start_sampler() {
-    echo 0 >"$SIM/peak"
-    ( peak=0; while :; do
-        ws=$(( $(mem_usage) - $(mem_inactive) ))
-        [ "$ws" -gt "$peak" ] && { peak=$ws; echo "$peak" >"$SIM/peak"; }
+    echo "0 0" >"$SIM/peak"
+    ( anon_peak=0 ws_peak=0; while :; do
+        anon=$(mem_anon) ws=$(( $(mem_usage) - $(mem_inactive) ))
+        [ "$anon" -gt "$anon_peak" ] && anon_peak=$anon
+        [ "$ws" -gt "$ws_peak" ] && ws_peak=$ws
+        echo "$anon_peak $ws_peak" >"$SIM/peak.new" && mv "$SIM/peak.new" "$SIM/peak"
         sleep 1
       done ) &
     SAMPLER=$!
@@ -182,12 +188,14 @@ git clone --quiet "$ROOT" "$REPO"
 say "cloned $(git -C "$REPO" log -1 --format='%h %s' | cut -c1-80)"
 
 # ----------------------------------------------------------------------------------- phases
-declare -A MINUTES PEAK
+declare -A TOOK PEAK
 phase_end() {  # name seconds
     stop_sampler
-    MINUTES[$1]="$(awk -v s="$2" 'BEGIN {printf "%.1f", s / 60}')"
-    PEAK[$1]="$(mib "$(cat "$SIM/peak")")"
-    say "$1: ${MINUTES[$1]} min, peak memory ${PEAK[$1]} MiB, OOM kills so far $(oom_kills)"
+    local anon ws
+    read -r anon ws <"$SIM/peak"
+    if [ "$2" -lt 60 ]; then TOOK[$1]="$2 s"; else TOOK[$1]="$(awk -v s="$2" 'BEGIN {printf "%.1f min", s / 60}')"; fi
+    PEAK[$1]="$(mib "$anon") | $(mib "$ws")"
+    say "$1: ${TOOK[$1]}, peak memory $(mib "$anon") MiB (working set $(mib "$ws") MiB), OOM kills so far $(oom_kills)"
 }
 
 # 1. on-create.sh: returns at once, sets up in the background (its status file says when done).
@@ -248,7 +256,7 @@ nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
     "import sys, torch, tensorflow as tf, horovod.torch, workshop\n"
     "print(sys.executable, 'torch', torch.__version__, 'tensorflow', tf.__version__, 'horovod', horovod.__version__)")])
 NotebookClient(nb, kernel_name="distributed-training-workshop", timeout=600).execute()
-print("[simulate] a cell in the kernel:", nb.cells[0].outputs[0]["text"].strip())
+print("[simulate] a cell in the kernel:", "".join(o.get("text", "") for o in nb.cells[0].outputs if o.get("name") == "stdout").strip())
 EOF
 say "make workshop again, after the restart"
 start_sampler; t0=$SECONDS
@@ -259,10 +267,10 @@ grep -E '^\|' "$SIM/labs-2.log" || true
 
 # ----------------------------------------------------------------------------------- summary
 echo
-echo "| phase | minutes | peak memory (MiB, of $MEMORY) |"
-echo "|---|---|---|"
+echo "| phase | took | peak memory, processes (MiB, of $MEMORY) | peak working set (MiB) |"
+echo "|---|---|---|---|"
 for phase in "set-up (on-create, in the background)" "every lab once (make workshop)" "on-start" "every lab again, after the restart"; do
-    echo "| $phase | ${MINUTES[$phase]} | ${PEAK[$phase]} |"
+    echo "| $phase | ${TOOK[$phase]} | ${PEAK[$phase]} |"
 done
 echo
 echo "OOM kills in the cgroup: $(oom_kills); free on the $SIZE volume after the set-up and every lab: $free_mib MiB (at least $MIN_FREE_MIB needed)"

@@ -30,7 +30,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 setup: $(STAMP)
 
-# Re-runs only when requirements.txt, pyproject.toml or the Horovod build change (or .venv is gone).
+# Re-runs only when the requirements, pyproject.toml or the Horovod build change (or .venv is gone).
 # Horovod 0.28.1 is source-only and needs patches for today's frameworks (lab 2): the first
 # set-up builds it (about 4-9 minutes on 2 cores), later ones install the cached wheel.
 $(STAMP): requirements.txt requirements-no-deps.txt pyproject.toml scripts/build_horovod.sh workshop/drivers/horovod/build_horovod.sh

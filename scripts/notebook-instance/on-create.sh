@@ -89,7 +89,8 @@ chown "$NB_USER" "$STATUS" "$LOG" "$STATE/setup.lock" 2>/dev/null || true
 nohup setsid bash -c '
 set -uo pipefail
 exec 9>"$STATE/setup.lock"
-flock -n 9 || { echo "[workshop-setup] another set-up holds $STATE/setup.lock: leaving it"; exit 0; }
+# Waits a little: a check (on-start.sh, this script) holds the lock for an instant, a set-up for minutes.
+flock -w 10 9 || { echo "[workshop-setup] another set-up holds $STATE/setup.lock: leaving it"; exit 0; }
 log() { echo "[workshop-setup] $(date -u +%H:%M:%S) $*"; }
 now() { date -u "+%Y-%m-%d %H:%M UTC"; }
 as_user() {  # a command as the notebook user, in the checkout, with its own HOME

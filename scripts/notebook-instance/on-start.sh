@@ -67,8 +67,9 @@ if [ "$how" = dnf ] && [ ! -x "$py" ]; then
         || say "dnf install python3.11 failed: the kernel cannot start until it is installed"
 fi
 
-# 2. The set-up complete (make's stamp up to date): register the kernel again.
-if [ -n "$py" ] && as_user make -q setup PYTHON="$py" >/dev/null 2>&1; then
+# 2. The set-up complete (the Makefile's stamp of it up to date; `make -q setup` would say no whenever
+#    `setup` has a recipe of its own): register the kernel again.
+if [ -n "$py" ] && as_user make -q .venv/.setup-done PYTHON="$py" >/dev/null 2>&1; then
     if as_user timeout 120 make --no-print-directory kernel PYTHON="$py"; then
         echo "done: set up; the kernel \"Python (distributed training workshop)\" registered again at start ($(now))" >"$STATUS"
         say "kernel registered again for $REPO"

@@ -9,6 +9,8 @@
 #   make test-fast  set up, then lint and every test that starts no training (no notebooks; under 2 minutes;
 #                   never waits for Horovod's build: its tests are skipped until it is done)
 #   make lab        set up, register the Jupyter kernel, start JupyterLab (Horovod builds behind it)
+#   make kernel     set up, register the Jupyter kernel (what a SageMaker notebook instance's lifecycle
+#                   scripts run: scripts/notebook-instance/)
 #   make bench      set up, then run the benchmarks (prints tables, writes images/)
 #   make bench-strategies  set up, then PS vs Horovod vs DDP vs FSDP side by side (about 12 minutes)
 #   make bench-allreduce   set up, then the gloo all-reduce microbenchmark (about a minute)
@@ -20,13 +22,16 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
+DEV_STAMP := $(VENV)/.dev-done
 KERNEL_NAME := distributed-training-workshop
 KERNEL_DISPLAY_NAME := Python (distributed training workshop)
 # A SageMaker notebook instance has this file (workshop/cloud/aws.py: NOTEBOOK_METADATA_FILE).
 SAGEMAKER_NOTEBOOK_METADATA := /opt/ml/metadata/resource-metadata.json
 PYTEST_ARGS ?=
+# Where torch's CPU build comes from (see the set-up below).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup workshop test test-fast lab bench bench-allreduce bench-strategies horovod clean
+.PHONY: setup workshop test test-fast lab kernel bench bench-allreduce bench-strategies horovod clean
 
 # Horovod 0.28.1 is source-only and needs patches for today's frameworks; only lab 2 uses it. After the
 # base set-up, `horovod_build start` installs it from an installed, cached or shared (WORKSHOP_WHEELHOUSE)
@@ -35,12 +40,24 @@ PYTEST_ARGS ?=
 setup: $(STAMP)
 	@$(BIN)/python -m workshop.horovod_build start
 
-# The base set-up: re-runs only when requirements.txt or pyproject.toml change (or .venv is gone).
-$(STAMP): requirements.txt pyproject.toml
+# The base set-up: re-runs only when the requirements or pyproject.toml change (or .venv is gone).
+$(STAMP): requirements.txt requirements-no-deps.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "Python 3.11 or newer is needed, found %d.%d: set PYTHON=python3.11 (make PYTHON=python3.11 ...)" % v[:2])'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	@# requirements.txt moved from `tensorflow` to `tensorflow-cpu` (the same module, 0.6 GB smaller): in
+	@# a .venv made before, both would share one folder, so the old one goes first, with the Horovod
+	@# built against its headers (scripts/build_horovod.sh installs one built for tensorflow-cpu).
+	@if $(BIN)/python -m pip show tensorflow >/dev/null 2>&1; then \
+		$(BIN)/python -m pip uninstall --quiet -y tensorflow tf-keras tensorflow-cpu horovod; fi
+	@# torch's CPU build: PyPI's Linux wheel is the CUDA build, which brings NVIDIA's CUDA libraries
+	@# (cuDNN, cuBLAS, NCCL, ...: gigabytes that a notebook instance's 5 GB volume has no room for). A
+	@# torch of the pinned version already installed (the CUDA build on a GPU machine: README) stays.
+	$(BIN)/python -m pip install --quiet --no-deps --extra-index-url $(TORCH_INDEX) "$$(grep -E '^torch==' requirements.txt)"
+	@# --no-compile: Python compiles a module's bytecode when it is first imported; compiling every module
+	@# ahead took 0.5 GB, of which the labs import 0.2 GB (a notebook instance's volume is 5 GB).
+	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-compile --no-deps -r requirements-no-deps.txt
 	@# PYTHONWARNINGS: setuptools' editable-install warning is about a folder named like the package, which
 	@# is how this checkout is laid out on purpose (11 lines of set-up noise otherwise)
 	PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
@@ -50,8 +67,15 @@ $(STAMP): requirements.txt pyproject.toml
 workshop: setup
 	$(BIN)/python -m workshop run all
 
+# What only the tests and the linter need (requirements-dev.txt: moto's server, pytest, nbval, ruff), on
+# top of the set-up. An attendee's environment goes without it: it must fit a SageMaker notebook
+# instance's default 5 GB volume (scripts/simulate_notebook_instance.sh measures it).
+$(DEV_STAMP): requirements-dev.txt $(STAMP)
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	@touch $(DEV_STAMP)
+
 # Unit and multi-process tests, then every notebook top to bottom (nbval, local mode).
-test: setup
+test: $(DEV_STAMP)
 	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
 	$(BIN)/python -m pytest tests $(wildcard [0-9]_*/*.ipynb) --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=900 --timeout=1800 --durations=30 $(PYTEST_ARGS)
@@ -59,7 +83,7 @@ test: setup
 # The tests that start no training process (tests marked slow and the notebooks left out); a test
 # that is not marked slow and starts training fails (the guard in tests/conftest.py). Tests that need
 # Horovod run when it is installed and are skipped, never waited for, while its build runs.
-test-fast: setup
+test-fast: $(DEV_STAMP)
 	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
 	$(BIN)/python -m pytest tests -m "not slow" --timeout=300 --no-horovod-wait $(PYTEST_ARGS)
 
@@ -81,6 +105,11 @@ lab: setup
 	else \
 		$(BIN)/jupyter lab; \
 	fi
+
+# The kernel alone, for this user (a SageMaker notebook instance's lifecycle scripts register it this
+# way, at the end of the set-up and again at every start: a restart resets the home folder).
+kernel: setup
+	$(BIN)/python -m ipykernel install --user --name $(KERNEL_NAME) --display-name "$(KERNEL_DISPLAY_NAME)"
 
 # bench_strategies.py runs Horovod: it waits for the set-up's background build (the others need not).
 bench: setup

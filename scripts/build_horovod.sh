@@ -62,13 +62,22 @@ log() { echo "[build_horovod] $*"; }
 [ -x "$PY" ] || { echo "no venv python at $PY: run 'make setup' first" >&2; exit 1; }
 
 # Versions the wheel must match (read from package metadata: no framework import needed).
-read -r PY_TAG TORCH_VER TF_VER < <("$PY" - <<'EOF'
+# TensorFlow's distribution is `tensorflow-cpu` (requirements.txt) or `tensorflow`: the same module,
+# but not the same headers (the CPU build's leave CUDA out), so a wheel records which it was built for.
+read -r PY_TAG TORCH_VER TF_DIST TF_VER < <("$PY" - <<'EOF'
 import sys
-from importlib.metadata import version
-print(f"cp{sys.version_info[0]}{sys.version_info[1]}", version("torch"), version("tensorflow"))
+from importlib.metadata import PackageNotFoundError, version
+def v(name):
+    for dist in (name, name + "-cpu"):
+        try:
+            return f"{dist} {version(dist)}"
+        except PackageNotFoundError:
+            pass
+    return f"{name} none"
+print(f"cp{sys.version_info[0]}{sys.version_info[1]}", version("torch"), v("tensorflow"))
 EOF
 )
-BUILT_FOR="horovod=$HVD_VERSION python=$PY_TAG torch=$TORCH_VER tensorflow=$TF_VER patches=$PATCH_REV"
+BUILT_FOR="horovod=$HVD_VERSION python=$PY_TAG torch=$TORCH_VER $TF_DIST=$TF_VER patches=$PATCH_REV"
 if [ "${HOROVOD_PRINT_TARGET:-0}" = 1 ]; then echo "$BUILT_FOR"; exit 0; fi
 log "target: $BUILT_FOR"
 
@@ -126,6 +135,9 @@ EOF
     done
     # horovod.tensorflow.keras needs Keras 2 (tf-keras, TF_USE_LEGACY_KERAS=1). Under TF 2.21's
     # default Keras 3 it still imports, but fails on use, so check a 1-process model.fit.
+    # requirements.txt leaves tf-keras out (it requires the full `tensorflow` distribution, 0.6 GB
+    # more than `tensorflow-cpu`): the Keras 2 half runs only where it is installed
+    # (`pip install --no-deps tf-keras==<TensorFlow's version>` adds it without that).
     cat >"$tmp/keras_fit.py" <<'EOF'
 import numpy as np
 import horovod.tensorflow.keras as hvd
@@ -138,7 +150,9 @@ m.fit(np.ones((8, 4), "float32"), np.ones((8, 1), "float32"), epochs=1, verbose=
       callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 EOF
     local err
-    if err="$(TF_USE_LEGACY_KERAS=1 python "$tmp/keras_fit.py" 2>&1)"; then
+    if ! python -c 'import tf_keras' >/dev/null 2>&1; then
+        log "horovod.tensorflow.keras fit with TF_USE_LEGACY_KERAS=1 (tf-keras): not checked, tf-keras is not installed (pip install --no-deps tf-keras==$TF_VER)"
+    elif err="$(TF_USE_LEGACY_KERAS=1 python "$tmp/keras_fit.py" 2>&1)"; then
         log "horovod.tensorflow.keras fit with TF_USE_LEGACY_KERAS=1 (tf-keras): OK"
     else
         log "horovod.tensorflow.keras fit with TF_USE_LEGACY_KERAS=1 (tf-keras): FAILED"

@@ -1337,9 +1337,12 @@ def image_framework_note(image_uri: str) -> str:
         return f"image {image_uri or '(none)'}: its framework is not known to the fake; not compared"
     module = _IMAGE_FRAMEWORKS[match.group(1)]
     try:
-        from importlib.metadata import version
+        from importlib.metadata import PackageNotFoundError, version
 
-        here = version(module)  # the distribution: torch or tensorflow
+        try:
+            here = version(module)  # the distribution: torch or tensorflow
+        except PackageNotFoundError:
+            here = version(f"{module}-cpu")  # requirements.txt installs tensorflow-cpu: the same module
     except Exception:  # noqa: BLE001
         return f"{module} {match.group(2)} in the image; not installed here"
     same = ".".join(here.split("+")[0].split(".")[:2]) == match.group(2)

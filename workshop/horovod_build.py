@@ -100,17 +100,26 @@ def history_path() -> Path:
     return cache_dir() / "horovod-build-times.json"
 
 
-def target() -> str:
-    """What a wheel must have been built for to serve this environment: the `.built-for` line."""
-    def version(name: str) -> str:
+def distribution(package: str) -> tuple[str, str]:
+    """(distribution, version) of `package` as installed: `package` itself or its CPU-only distribution
+    (requirements.txt installs `tensorflow-cpu`, which provides the same `tensorflow` module);
+    (package, "none") when neither is installed."""
+    for name in (package, f"{package}-cpu"):
         try:
-            return importlib.metadata.version(name)
+            return name, importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
-            return "none"
+            pass
+    return package, "none"
 
+
+def target() -> str:
+    """What a wheel must have been built for to serve this environment: the `.built-for` line (as
+    scripts/build_horovod.sh writes it). TensorFlow's two distributions give the same module but not the
+    same headers (the CPU one's leave CUDA out), so the line names which one."""
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-    return (f"horovod={HOROVOD_VERSION} python={tag} torch={version('torch')} "
-            f"tensorflow={version('tensorflow')} patches={PATCH_REV}")
+    tf_dist, tf_version = distribution("tensorflow")
+    return (f"horovod={HOROVOD_VERSION} python={tag} torch={distribution('torch')[1]} "
+            f"{tf_dist}={tf_version} patches={PATCH_REV}")
 
 
 # --------------------------------------------------------------------------- is it installed?
@@ -141,8 +150,10 @@ def installed_problem(framework: str) -> tuple[str, str] | None:
                 "yourself).")
     try:
         built_for = json.loads((root / "metadata.json").read_text()).get(framework)
-        installed = importlib.metadata.version(package)
-    except (OSError, ValueError, importlib.metadata.PackageNotFoundError):
+        installed = distribution(package)[1]
+    except (OSError, ValueError):
+        return None
+    if installed == "none":
         return None
     if built_for and built_for.split("+")[0] != installed.split("+")[0]:
         return (f"Horovod {version} was built against {package} {built_for}, but {package} {installed} is installed: "

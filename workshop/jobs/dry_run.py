@@ -141,7 +141,7 @@ def _dry_run_from_plan(plan: JobPlan, role: str, inputs: Mapping[str, str] | Non
         from moto import mock_aws
     except ImportError:
         raise WorkshopError(
-            "A dry run needs moto (a fake AWS, in-process).", "pip install 'moto[server]' (see requirements.txt)."
+            "A dry run needs moto (a fake AWS, in-process).", "pip install 'moto[s3]' (the version in requirements.txt)."
         ) from None
 
     captured: dict[str, Any] = {}

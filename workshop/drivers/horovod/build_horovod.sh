@@ -81,18 +81,20 @@ built=()
 
 # A wheel built earlier for exactly this environment (the workshop's set-up cache), if any.
 if [ $GPU = 0 ] && [ -n "$CACHE_DIR" ] && [ -d "$CACHE_DIR" ]; then
-    read -r PY_TAG TORCH_VER TF_VER < <("$PY" - <<'PYEOF'
+    read -r PY_TAG TORCH_VER TF_FOR < <("$PY" - <<'PYEOF'
 import sys
 from importlib.metadata import PackageNotFoundError, version
-def v(name):
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "none"
-print(f"cp{sys.version_info[0]}{sys.version_info[1]}", v("torch"), v("tensorflow"))
+def v(name):  # the distribution and its version: tensorflow-cpu is the same module, other headers
+    for dist in (name, name + "-cpu"):
+        try:
+            return f"{dist}={version(dist)}"
+        except PackageNotFoundError:
+            pass
+    return f"{name}=none"
+print(f"cp{sys.version_info[0]}{sys.version_info[1]}", v("torch").split("=")[1], v("tensorflow"))
 PYEOF
 )
-    BUILT_FOR="horovod=$HVD_VERSION python=$PY_TAG torch=$TORCH_VER tensorflow=$TF_VER patches=$PATCH_REV"
+    BUILT_FOR="horovod=$HVD_VERSION python=$PY_TAG torch=$TORCH_VER $TF_FOR patches=$PATCH_REV"
     for whl in "$CACHE_DIR"/horovod-"$HVD_VERSION"-"$PY_TAG"-*.whl; do
         if [ -f "$whl" ] && [ -f "$whl.built-for" ] && [ "$(cat "$whl.built-for")" = "$BUILT_FOR" ]; then
             built=("$whl")

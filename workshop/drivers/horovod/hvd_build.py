@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             if probe.returncode != 0 or not lines or not lines[0].startswith(scratch):
                 log(f"ERROR: {module} from the built wheel does not import here:\n{probe.stderr[-2000:]}")
                 return 1
-            checked[framework] = {"version": version(package), "nccl_built": lines[-1] == "1"}
-            log(f"{module} from the wheel imports with {package} {version(package)} "
+            checked[framework] = {"version": _version(package), "nccl_built": lines[-1] == "1"}
+            log(f"{module} from the wheel imports with {package} {_version(package)} "
                 f"(NCCL {'built' if checked[framework]['nccl_built'] else 'not built'})")
     if not checked:
         log("ERROR: neither torch nor tensorflow is installed in this image: nothing to check the wheel against")
@@ -171,9 +171,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _version(package: str) -> str:
+    """The installed version of `package`, or of its CPU-only distribution (`tensorflow-cpu`, what
+    the workshop's own environment installs: the same `tensorflow` module)."""
+    for name in (package, f"{package}-cpu"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            pass
+    raise PackageNotFoundError(package)
+
+
 def _installed(package: str) -> bool:
     try:
-        version(package)
+        _version(package)
         return True
     except PackageNotFoundError:
         return False

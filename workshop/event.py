@@ -483,7 +483,7 @@ def add_parser(sub: Any) -> None:
     tpl.add_argument("--attendees", type=int, required=True, help="how many attendees (notebook instances)")
     tpl.add_argument("--first", type=int, default=1, help="the first attendee's number (to split a room into stacks)")
     tpl.add_argument("--name-prefix", default="attendee", help="notebook instances are <prefix>-01, <prefix>-02, ...")
-    tpl.add_argument("--repository", default=None,
+    tpl.add_argument("--repository", default=argparse.SUPPRESS,  # no "(default: None)": it is this checkout's origin
                      help="the https URL the notebook instances clone (default: this checkout's origin)")
     tpl.add_argument("--instance-type", default=DEFAULT_NOTEBOOK_TYPE, help="the notebook instances' type")
     tpl.add_argument("--volume-gb", type=int, default=DEFAULT_VOLUME_GB, help="each notebook instance's ML storage volume")
@@ -529,7 +529,7 @@ def deletion_confirmation(yes: bool) -> bool | Callable[[str], bool]:
 def run(args: argparse.Namespace) -> int:
     """`python -m workshop event ...`; WorkshopErrors go to the caller (exit status 2)."""
     if args.event_command == "template":
-        document = event_template(args.attendees, repository=args.repository, first=args.first,
+        document = event_template(args.attendees, repository=getattr(args, "repository", None), first=args.first,
                                   name_prefix=args.name_prefix, instance_type=args.instance_type,
                                   volume_gb=args.volume_gb, platform=args.platform, with_network=args.with_network,
                                   wheelhouse=args.wheelhouse)

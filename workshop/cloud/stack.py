@@ -48,7 +48,11 @@ TEMPLATE_MAX_BYTES = 1_000_000  # from S3
 
 DEFAULT_PLATFORM = "notebook-al2023-v1"  # Amazon Linux 2023, JupyterLab 4: the platform's current default
 DEFAULT_NOTEBOOK_TYPE = "ml.t3.medium"  # 2 vCPUs, 4 GiB: `python -m workshop run all` peaks at 2.8 GiB
-DEFAULT_VOLUME_GB = 20  # the ML storage volume (the only storage a stop/start keeps); 5 GB barely fits .venv
+# The ML storage volume, the only storage a stop/start keeps. The environment and one run of every lab
+# fit the platform's default 5 GB with 1.6 GB to spare (scripts/simulate_notebook_instance.sh); 20 GB
+# leaves room for an attendee's further runs, checkpoints and profiler traces, for about USD 0.01 each
+# over a three-hour event.
+DEFAULT_VOLUME_GB = 20
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$")  # notebook instance names
 VARIABLE_PATTERN = re.compile(r"^WORKSHOP_[A-Z0-9_]+$")
 NOTEBOOK_POLICY_NAME = "workshop-notebook"

@@ -6,19 +6,25 @@ ParameterServer and Horovod drivers, the SDK's Torchrun driver).
 Each lives in its own folder (its source_dir) under tests/fixtures/unmodified/, with a header
 saying where it comes from and what was changed (synthetic data instead of a download, CPU
 instead of CUDA); fewer steps come from each script's own flags, passed as hyperparameters.
+
+And the reason some of them once hung: every simulated host sizes TensorFlow's inter-op pool as
+its instance would (`contract.thread_pool_env`), not from its share of this machine's cores.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, PROBE_CODE
 from sagemaker.train.distributed import Torchrun
 
 from workshop.launchers.horovod import Horovod
 from workshop.launchers.parameter_server import ParameterServer
+from workshop.runtime.contract import LOCAL_INSTANCE_VCPUS, instance_vcpus, thread_pool_env
 from workshop.runtime.local_cluster import ClusterResult, LocalCluster
 
 UNMODIFIED = FIXTURES / "unmodified"
@@ -111,3 +117,39 @@ def test_script_mode_argparse_flags(tmp_path):
                                   r"train=/opt/ml/input/data/train$"), rank
     assert float(said(result, 0, r"^test accuracy ([\d.]+)$")[0][1]) >= 0.9
     assert (result.hosts[0].model_dir / "model.pth").is_file()
+
+
+# --------------------------------------------------------------------------- the hosts' thread pools
+
+
+@pytest.mark.parametrize("instance_type, vcpus", [
+    ("ml.g5.xlarge", 4), ("ml.c5.2xlarge", 8), ("ml.m5.large", 2), ("ml.p4d.24xlarge", 96),
+    ("ml.p5.48xlarge", 192), ("ml.trn1.32xlarge", 128), ("c5.9xlarge", 36), ("ml.t3.medium", 2),
+    ("local", None), (None, None), ("ml.g5", None), ("ml.c5.metal", None),
+])
+def test_instance_vcpus_from_the_size_in_its_name(instance_type, vcpus):
+    assert instance_vcpus(instance_type) == vcpus
+
+
+def test_tensorflows_inter_op_pool_follows_the_instance_not_the_hosts_share():
+    assert thread_pool_env("ml.c5.2xlarge", 1) == {"TF_NUM_INTEROP_THREADS": "8"}
+    assert thread_pool_env("local", 1) == {"TF_NUM_INTEROP_THREADS": str(LOCAL_INSTANCE_VCPUS)}
+    assert thread_pool_env("local", 32) == {"TF_NUM_INTEROP_THREADS": "32"}  # a host bigger than "local"'s 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime, instance_type, extra_env, expected", [
+    ("container", None, {}, str(LOCAL_INSTANCE_VCPUS)),
+    ("process", "ml.c5.2xlarge", {}, "8"),
+    ("container", "ml.c5.2xlarge", {"TF_NUM_INTEROP_THREADS": "3"}, "3"),  # the job's own setting wins
+], ids=["container-local", "process-c5.2xlarge", "container-job-setting"])
+def test_every_rank_sees_its_instances_inter_op_threads(tmp_path, channels, runtime, instance_type, extra_env, expected):
+    cluster = LocalCluster(PROBE_CODE, "train.py", hosts=HOSTS, distributed=Torchrun(process_count_per_node=1),
+                           workdir=tmp_path / "run", echo=False, runtime=runtime, instance_type=instance_type,
+                           extra_env=extra_env)
+    result = cluster.run({}, channels)
+    seen = [json.loads(f.read_text()) for h in result.hosts for f in h.output_data_dir.glob("env-rank*.json")]
+    assert len(seen) == HOSTS
+    assert {env["TF_NUM_INTEROP_THREADS"] for env in seen} == {expected}
+    if runtime == "container":  # still pinned to their share of the cores: the pools that compute follow it
+        assert {len(env["cpus"]) for env in seen} == {max(1, len(os.sched_getaffinity(0)) // HOSTS)}

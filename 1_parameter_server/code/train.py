@@ -259,18 +259,21 @@ def evaluate(tf, model, images, labels) -> tuple[float, float]:
 # ----------------------------------------------------------------------------- roles
 
 
-MIN_INTER_OP_THREADS = 4
-
-
 def configure_threads(tf, threads: int):
+    """Intra-op threads: --threads per process, so that the processes sharing a host (its parameter
+    server, its worker or the coordinator) do not fight for its cores. Inter-op threads stay at
+    TensorFlow's default, one per CPU of the host: 8 on ml.c5.2xlarge; the local cluster's hosts
+    set their instance's count (TF_NUM_INTEROP_THREADS), not their share of this machine. A task
+    needs more than one: with one, a function waiting for a remote tensor blocks the very thread
+    that would produce it, and training hangs."""
     tf.config.threading.set_intra_op_parallelism_threads(threads)
-    # Inter-op threads: TensorFlow's default is one per CPU this process may use, and with one, a
-    # function waiting for a remote tensor blocks the very thread that would produce it (a
-    # deadlock, met on a host with a single CPU). So never fewer than MIN_INTER_OP_THREADS.
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    inter = max(MIN_INTER_OP_THREADS, usable)
-    tf.config.threading.set_inter_op_parallelism_threads(inter)
-    return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=inter)
+    return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads)
+
+
+# The in-process cluster's one process serves the parameter server, the worker and the coordinator;
+# as TensorFlow's parameter-server tutorial does for its in-process cluster, it gets this many
+# inter-op threads where it may use fewer CPUs.
+IN_PROCESS_INTER_OP_THREADS = 2
 
 
 def run_server(tf, args, resolver) -> int:
@@ -308,6 +311,9 @@ def in_process_resolver(tf, args):
     os.chdir(args.output_dir)  # the in-process worker reads WORKER_ID_FILE from here
     Path(WORKER_ID_FILE).write_text("1")
     config = configure_threads(tf, args.threads)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if usable < IN_PROCESS_INTER_OP_THREADS:
+        config.inter_op_parallelism_threads = IN_PROCESS_INTER_OP_THREADS
     for job in ("ps", "worker"):
         tf.distribute.Server(spec, job_name=job, task_index=0, protocol="grpc", config=config, start=True)
     return tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="chief", task_id=0, rpc_layer="grpc")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,42 @@ SAGEMAKER_MASTER_PORT = 7777
 def host_names(count: int) -> list[str]:
     """SageMaker's host names, sorted as SageMaker sorts them (as strings: algo-10 < algo-2)."""
     return sorted(f"algo-{i}" for i in range(1, count + 1))
+
+
+# The CPUs a host's instance has when its instance type names no size ("local"): the smallest
+# instance the labs name (ml.g5.xlarge) has 4 vCPUs.
+LOCAL_INSTANCE_VCPUS = 4
+_INSTANCE_SIZE = re.compile(r"(?:ml\.)?[a-z][a-z0-9-]*\.(?:(?P<n>\d*)xlarge|large|medium)")
+
+
+def instance_vcpus(instance_type: str | None) -> int | None:
+    """The vCPUs of an instance type, read from its size as EC2 names sizes (`medium` and `large`
+    2, `xlarge` 4, `<N>xlarge` 4N): ml.g5.xlarge 4, ml.c5.2xlarge 8, ml.p4d.24xlarge 96. None for
+    a name with no size ("local")."""
+    m = _INSTANCE_SIZE.fullmatch(instance_type or "")
+    if m is None:
+        return None
+    if m["n"] is None:  # large, medium
+        return 2
+    return 4 * int(m["n"] or 1)
+
+
+def thread_pool_env(instance_type: str | None, host_cpus: int) -> dict[str, str]:
+    """The variables that size a simulated host's waiting thread pools as its instance sizes them.
+
+    Frameworks size their thread pools from the CPUs a process may use, and SageMaker's training
+    images set no thread counts (TensorFlow 2.21's sets KMP_* and TF_AUTOTUNE_THRESHOLD, PyTorch's
+    nothing), so on an instance the pools follow its vCPUs. A simulated host may use only its share
+    of this machine's cores (`host_cpus`: one CPU per host with 2-3 hosts on 2 cores), and
+    TensorFlow's inter-op pool sized from that has one thread: a parameter-server task, or any
+    function waiting there for a remote tensor, blocks the very thread that would produce it, and
+    the job hangs. So that pool gets the instance's vCPUs (at least the host's share where the
+    type names no size); its threads mostly wait. The pools that compute (TensorFlow's intra-op
+    pool, PyTorch's threads) keep following the host's share: sized for the instance, 2-3 hosts of
+    4-8 busy threads each would oversubscribe 2 cores.
+    """
+    vcpus = instance_vcpus(instance_type) or max(LOCAL_INSTANCE_VCPUS, host_cpus)
+    return {"TF_NUM_INTEROP_THREADS": str(vcpus)}
 
 
 def _serialize(value: Any) -> str:

@@ -91,6 +91,7 @@ from workshop.runtime.contract import (
     container_command,
     container_process_env,
     host_names,
+    thread_pool_env,
     write_sm_drivers,
 )
 from workshop.runtime.folders import (
@@ -637,7 +638,8 @@ class LocalCluster:
         delay per host); `sm_drivers_dir` is the job's `sm_drivers` channel as uploaded
         (default: built here by the installed SDK, as `ModelTrainer` builds it);
         `container_command` the image entrypoint and arguments (default: the SDK's, which
-        runs `sm_train.sh`); `instance_type` what the hosts say they are (default "local").
+        runs `sm_train.sh`); `instance_type` what the hosts say they are (default "local"), which
+        also sizes the thread pools that wait (`contract.thread_pool_env`).
 
         A cluster far bigger than this machine is refused, and one bigger than its cores is
         warned about (`check_machine_fits` has the thresholds); `allow_oversubscription=True`
@@ -934,6 +936,10 @@ class LocalCluster:
                 env.update({"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)})
             elif self.internet:
                 env.update(hostns.proxy_env(names))
+            # Thread pools sized as on the host's instance, not its share of this machine's cores
+            # (the caller's own setting, and the job's extra_env below, win).
+            for key, value in thread_pool_env(instance_type, share if container else _usable_cores()).items():
+                env.setdefault(key, value)
             env.update(self.extra_env)
             envs.append(env)
             hosts.append(HostResult(host, host_rank, sandbox, workdir / "logs" / f"{host}.log", checkpoint_store=store))

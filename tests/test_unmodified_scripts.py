@@ -1,0 +1,155 @@
+"""Scripts brought in unchanged: the local cluster runs scripts written the way their frameworks'
+own tutorials and examples write them, not for this workshop, on 3 simulated hosts on this
+machine's cores, through the path a user's script takes (the local cluster, the workshop's
+ParameterServer and Horovod drivers, the SDK's Torchrun driver).
+
+Each lives in its own folder (its source_dir) under tests/fixtures/unmodified/, with a header
+saying where it comes from and what was changed (synthetic data instead of a download, CPU
+instead of CUDA); fewer steps come from each script's own flags, passed as hyperparameters.
+
+And the reason some of them once hung: every simulated host sizes TensorFlow's inter-op pool as
+its instance would (`contract.thread_pool_env`), not from its share of this machine's cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, PROBE_CODE
+from sagemaker.train.distributed import Torchrun
+
+from workshop.launchers.horovod import Horovod
+from workshop.launchers.parameter_server import ParameterServer
+from workshop.runtime.contract import LOCAL_INSTANCE_VCPUS, instance_vcpus, thread_pool_env
+from workshop.runtime.local_cluster import ClusterResult, LocalCluster
+
+UNMODIFIED = FIXTURES / "unmodified"
+HOSTS = 3
+# The TensorFlow scripts are Keras 2 code; a job says so as ModelTrainer(environment=...) would.
+KERAS_2 = {"TF_USE_LEGACY_KERAS": "1"}
+# Generous: a job that hangs is stopped here, and the test fails with the hosts' last lines.
+TIMEOUT_S = 600
+
+
+def run(tmp_path, folder: str, entry: str, distributed, hyperparameters: dict, channels=None, env=None) -> ClusterResult:
+    cluster = LocalCluster(UNMODIFIED / folder, entry, hosts=HOSTS, distributed=distributed,
+                           workdir=tmp_path / "run", echo=False, extra_env=env)
+    result = cluster.run(hyperparameters, channels or {}, timeout_s=TIMEOUT_S, check=False)
+    assert result.ok, f"{result.failure}\nlast lines:\n" + "\n".join(result.lines[-40:])
+    return result
+
+
+def said(result: ClusterResult, rank: int, pattern: str) -> list[re.Match]:
+    """What `rank` printed that matches `pattern` (its lines, without their `[host/rank]` tag)."""
+    tag = f"/{rank}] "
+    return [m for line in result.lines if tag in line and (m := re.search(pattern, line.split(tag, 1)[1]))]
+
+
+# --------------------------------------------------------------------------- the scripts
+
+
+@pytest.mark.slow
+def test_tensorflow_parameter_server_tutorial_learns_its_role_from_tf_config(tmp_path):
+    """TensorFlow's own parameter-server tutorial (custom training loop): its tasks wait on each
+    other's tensors, which with one inter-op thread per task hung at the first step."""
+    result = run(tmp_path, "tf_parameter_server", "train.py", ParameterServer(), {}, env=KERAS_2)
+    epochs = said(result, 0, r"Finished epoch (\d+), accuracy is ([\d.]+)\.")
+    assert [int(m[1]) for m in epochs] == [0, 1, 2, 3]
+    assert said(result, 0, r"Final loss is [\d.]+")
+    # The embedding's two shards live on two of the three parameter servers, as the tutorial checks.
+    devices = {m[0] for m in said(result, 0, r"^/job:ps/replica:0/task:\d/device:CPU:0$")}
+    assert len(devices) == 2, devices
+    started = [line for line in result.lines if re.search(r"\[ps_driver\] started (ps|worker|chief) \d", line)]
+    assert len(started) == 2 * HOSTS  # a parameter server on every host, the coordinator and 2 workers
+
+
+@pytest.mark.slow
+def test_horovod_tensorflow2_synthetic_benchmark(tmp_path):
+    hps = {"model": "MobileNet", "batch-size": 4, "num-warmup-batches": 1, "num-batches-per-iter": 1, "num-iters": 2}
+    result = run(tmp_path, "horovod_tf2_synthetic", "tensorflow2_synthetic_benchmark.py",
+                 Horovod(framework="tensorflow", process_count_per_node=1), hps, env=KERAS_2)
+    assert said(result, 0, rf"Number of \w+s: {HOSTS}$")
+    assert len(said(result, 0, r"^Iter #\d: [\d.]+ img/sec")) == 2
+    assert said(result, 0, rf"^Total img/sec on {HOSTS} \w+\(s\): [\d.]+")
+
+
+@pytest.mark.slow
+def test_horovod_pytorch_mnist(tmp_path):
+    result = run(tmp_path, "horovod_pytorch_mnist", "pytorch_mnist.py",
+                 Horovod(framework="pytorch", process_count_per_node=1), {"epochs": 1, "log-interval": 10})
+    for rank in range(HOSTS):  # each rank trains on its third of the samples
+        assert said(result, rank, r"^Train Epoch: 1 \[\d+/2000 "), rank
+    assert said(result, 0, r"^Test set: Average loss: [\d.]+, Accuracy: [\d.]+%")
+
+
+@pytest.mark.slow
+def test_ddp_tutorial_multinode(tmp_path):
+    # A snapshot after the first epoch only: the ranks then end together (a gloo group destroyed
+    # while a peer is still busy can abort a rank at exit, see lab 3's end).
+    result = run(tmp_path, "ddp_multinode", "multinode.py", Torchrun(process_count_per_node=1),
+                 {"total_epochs": 2, "save_every": 2})
+    for rank in range(HOSTS):  # DistributedSampler: 2048 samples in 3 shards of 683, batches of 32
+        assert len(said(result, rank, rf"^\[GPU{rank}\] Epoch [01] \| Batchsize: 32 \| Steps: 22$")) == 2, rank
+    assert [m[0] for m in said(result, 0, r"^Epoch \d \| Training snapshot saved at snapshot.pt$")] == [
+        "Epoch 0 | Training snapshot saved at snapshot.pt"]
+    assert (result.hosts[0].sandbox.code_dir / "snapshot.pt").is_file()  # rank 0 saves, in its working folder
+
+
+@pytest.mark.slow
+def test_script_mode_argparse_flags(tmp_path):
+    """Hyperparameters arrive as the flags SageMaker's documentation parses, the channels and
+    the model folder as its SM_* defaults."""
+    rng = np.random.default_rng(0)
+    channels = {}
+    for name, size in (("train", 3000), ("test", 500)):
+        x = rng.normal(size=(size, 10)).astype(np.float32)
+        channels[name] = tmp_path / "data" / name
+        channels[name].mkdir(parents=True)
+        np.savez(channels[name] / f"{name}.npz", x=x, y=(x[:, 0] + x[:, 1] > 0).astype(np.int64))
+    result = run(tmp_path, "script_mode", "train.py", Torchrun(process_count_per_node=1),
+                 {"epochs": 3, "batch-size": 32, "learning-rate": 0.1}, channels=channels)
+    for rank in range(HOSTS):
+        assert said(result, rank, rf"^rank {rank} of {HOSTS}: epochs=3 batch_size=32 learning_rate=0.1 "
+                                  r"train=/opt/ml/input/data/train$"), rank
+    assert float(said(result, 0, r"^test accuracy ([\d.]+)$")[0][1]) >= 0.9
+    assert (result.hosts[0].model_dir / "model.pth").is_file()
+
+
+# --------------------------------------------------------------------------- the hosts' thread pools
+
+
+@pytest.mark.parametrize("instance_type, vcpus", [
+    ("ml.g5.xlarge", 4), ("ml.c5.2xlarge", 8), ("ml.m5.large", 2), ("ml.p4d.24xlarge", 96),
+    ("ml.p5.48xlarge", 192), ("ml.trn1.32xlarge", 128), ("c5.9xlarge", 36), ("ml.t3.medium", 2),
+    ("local", None), (None, None), ("ml.g5", None), ("ml.c5.metal", None),
+])
+def test_instance_vcpus_from_the_size_in_its_name(instance_type, vcpus):
+    assert instance_vcpus(instance_type) == vcpus
+
+
+def test_tensorflows_inter_op_pool_follows_the_instance_not_the_hosts_share():
+    assert thread_pool_env("ml.c5.2xlarge", 1) == {"TF_NUM_INTEROP_THREADS": "8"}
+    assert thread_pool_env("local", 1) == {"TF_NUM_INTEROP_THREADS": str(LOCAL_INSTANCE_VCPUS)}
+    assert thread_pool_env("local", 32) == {"TF_NUM_INTEROP_THREADS": "32"}  # a host bigger than "local"'s 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime, instance_type, extra_env, expected", [
+    ("container", None, {}, str(LOCAL_INSTANCE_VCPUS)),
+    ("process", "ml.c5.2xlarge", {}, "8"),
+    ("container", "ml.c5.2xlarge", {"TF_NUM_INTEROP_THREADS": "3"}, "3"),  # the job's own setting wins
+], ids=["container-local", "process-c5.2xlarge", "container-job-setting"])
+def test_every_rank_sees_its_instances_inter_op_threads(tmp_path, channels, runtime, instance_type, extra_env, expected):
+    cluster = LocalCluster(PROBE_CODE, "train.py", hosts=HOSTS, distributed=Torchrun(process_count_per_node=1),
+                           workdir=tmp_path / "run", echo=False, runtime=runtime, instance_type=instance_type,
+                           extra_env=extra_env)
+    result = cluster.run({}, channels)
+    seen = [json.loads(f.read_text()) for h in result.hosts for f in h.output_data_dir.glob("env-rank*.json")]
+    assert len(seen) == HOSTS
+    assert {env["TF_NUM_INTEROP_THREADS"] for env in seen} == {expected}
+    if runtime == "container":  # still pinned to their share of the cores: the pools that compute follow it
+        assert {len(env["cpus"]) for env in seen} == {max(1, len(os.sched_getaffinity(0)) // HOSTS)}

@@ -233,8 +233,10 @@ DEFAULT_MAX_RUNTIME_S = 24 * 3600  # StoppingCondition.MaxRuntimeInSeconds when 
 # What the spot watcher does not take for a checkpoint in the checkpoint folder: a file still being
 # written (`*.tmp`, `*.tempstate*`, anything under a `*.partial` or `*_temp` folder: the labs' atomic
 # writes, torch.distributed.checkpoint's and TensorFlow's temporaries) and the labs' progress records,
-# rewritten every few steps (`progress.json`, `fault.json`).
-SPOT_NOT_CHECKPOINTS = ("*.tmp", "*.tempstate*", "progress.json", "fault.json")
+# rewritten every few steps (`progress.json`, `fault.json`), and the local runtime's own lock on the
+# folder (`.workshop.lock`, workshop/runtime/folders.py: held while the job runs, gone before the
+# upload; SageMaker's instances have no such file).
+SPOT_NOT_CHECKPOINTS = ("*.tmp", "*.tempstate*", "progress.json", "fault.json", ".workshop.lock")
 SPOT_NOT_CHECKPOINT_FOLDERS = ("*.partial", "*_temp")
 FAILURE_REASON_MAX = 1024  # DescribeTrainingJob's FailureReason is at most 1024 characters
 _LOG_BATCH = 1000  # events per PutLogEvents call (CloudWatch allows 10,000 and 1 MB)

@@ -456,6 +456,32 @@ def test_resuming_a_finished_run_says_there_was_nothing_to_do(tmp_path, mnist_di
     assert "[progress] data-parallel: 1/1 epoch(s)" in capsys.readouterr().out
 
 
+# TensorFlow's two forms of a damaged tensor: read by another task (the status on its own line) or by the
+# coordinator itself (a graph error naming where the op was defined, then the message). The second form
+# was once reported as `(File "/opt/ml/input/data/code/train.py", line 566, in <module>)`.
+_REMOTE = "Graph execution error:\n(0) DATA_LOSS: TensorBundle at /c/ckpt-20 shard 0: Checksum does not match\n"
+_LOCAL = ('Graph execution error:\n\nDetected at node RestoreV2_1 defined at (most recent call last):\n'
+          '  File "/opt/ml/input/data/code/train.py", line 566, in <module>\n\n'
+          '  File "/opt/ml/input/data/code/train.py", line 387, in run_coordinator\n\n'
+          'TensorBundle at /c/ckpt-20 shard 1 (576 bytes): Checksum does not match: stored 1 vs. calculated 2\n'
+          '\t [[{{node RestoreV2_1}}]] [Op:__inference_tf_function_restore_158]')
+
+
+@pytest.mark.parametrize("lab", [get_lab("parameter_server"), get_lab("horovod_tensorflow")], ids=lambda lab: lab.key)
+@pytest.mark.parametrize("message", [_REMOTE, _LOCAL], ids=["another task", "the coordinator"])
+def test_a_tensorflow_restore_error_is_one_line_with_its_status(lab, message):
+    import importlib.util
+
+    import tensorflow as tf
+
+    spec = importlib.util.spec_from_file_location(f"restore_error_{lab.key}", lab.entry_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    said = module.restore_error(tf.errors.DataLossError(None, None, message))
+    assert said.startswith("DATA_LOSS: TensorBundle at /c/ckpt-20 shard "), said
+    assert "Checksum does not match" in said and "File " not in said and "[[" not in said and "\n" not in said
+
+
 @pytest.mark.slow
 def test_lab1_a_damaged_checkpoint_is_passed_over_for_the_older_one(tmp_path, channels):
     """Lab 1 (TensorFlow checks each tensor's CRC32C as it restores it): before, the coordinator failed with

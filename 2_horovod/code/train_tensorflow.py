@@ -77,12 +77,22 @@ def nonfinite_problems(args: argparse.Namespace, parser: argparse.ArgumentParser
 
 # Shared copy: keep identical in every script that has it (tests/test_copies.py).
 def restore_error(exc: BaseException) -> str:
-    """What TensorFlow said when it could not restore a checkpoint, in one line, without its op's wrapping
-    (`{{function_node ...}}`, `[Op:RestoreV2]`): e.g. "TensorBundle at ... Checksum does not match". From a
-    graph (a distributed read), the line with the error's status (`(0) DATA_LOSS: ...`), not the headline."""
+    """What TensorFlow said when it could not restore a checkpoint, in one line, led by its status's name
+    and without its op's wrapping (`{{function_node ...}}`, `[Op:RestoreV2]`, `[[{{node ...}}]]`) or the
+    places the op was defined (`File "...", line N`): e.g. "DATA_LOSS: TensorBundle at ... Checksum does
+    not match". From a graph whose error came from another task, the line with its status (`(0) DATA_LOSS:
+    ...`); from a local one, the message's first line that is neither a headline nor a place."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     status = [re.sub(r"^\(\d+\)\s*", "", line) for line in lines if re.match(r"(\(\d+\)\s*)?[A-Z_]{4,}:\s", line)]
-    text = (status or [line for line in lines if not line.endswith(":")] or [type(exc).__name__])[0]
+    if status:
+        text = status[0]
+    else:
+        said = [line for line in lines if not line.endswith(":") and not line.startswith(('File "', "[["))]
+        text = said[0] if said else type(exc).__name__
+        code = getattr(exc, "error_code", None)  # tf.errors.OpError's status, e.g. 15 for DATA_LOSS
+        name = {v: k for k, v in vars(sys.modules["tensorflow"].errors).items()
+                if k.isupper() and isinstance(v, int)}.get(code) if "tensorflow" in sys.modules else None
+        text = f"{name}: {text}" if name else text
     text = re.sub(r"\s*\[Op:\w+\]$", "", re.sub(r"^\{\{.*?\}\}\s*", "", text))
     return text if len(text) <= 300 else text[:297] + "..."
 

@@ -114,6 +114,11 @@ def test_a_stopped_rank_is_named_within_the_stall_time_and_the_end_of_the_stall_
             pid = seen["pid"] = _rank_1_pid(tmp_path / "run")
             if pid is None:
                 return
+            # Both ranks' step lines past the first: each rank's last line is then its own, not what
+            # c10d printed on stderr as the rank joined (e.g. that the host's name cannot be resolved),
+            # which can be relayed after a rank's first line on stdout.
+            for rank, host in ((0, "algo-1"), (1, "algo-2")):
+                _wait_for_line(log, rf"^\[{host}/{rank}\] step [1-9]\d* on rank {rank}$")
             before = len(log.read_text(errors="replace").splitlines())
             os.kill(pid, signal.SIGSTOP)
             t0 = time.monotonic()

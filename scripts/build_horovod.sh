@@ -135,9 +135,8 @@ EOF
     done
     # horovod.tensorflow.keras needs Keras 2 (tf-keras, TF_USE_LEGACY_KERAS=1). Under TF 2.21's
     # default Keras 3 it still imports, but fails on use, so check a 1-process model.fit.
-    # requirements.txt leaves tf-keras out (it requires the full `tensorflow` distribution, 0.6 GB
-    # more than `tensorflow-cpu`): the Keras 2 half runs only where it is installed
-    # (`pip install --no-deps tf-keras==<TensorFlow's version>` adds it without that).
+    # requirements-no-deps.txt installs tf-keras without its requirement on the full `tensorflow`
+    # distribution (tensorflow-cpu provides the module); where it is missing, this check is skipped.
     cat >"$tmp/keras_fit.py" <<'EOF'
 import numpy as np
 import horovod.tensorflow.keras as hvd

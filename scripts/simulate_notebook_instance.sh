@@ -114,7 +114,7 @@ if [ -n "$unified" ]; then
     [ -f "$CG/cpuset.cpus" ] && echo "$cpus_list" >"$CG/cpuset.cpus"
     mem_usage() { cat "$CG/memory.current"; }
     mem_inactive() { awk '$1 == "inactive_file" {print $2}' "$CG/memory.stat"; }
-    mem_anon() { awk '$1 == "anon" || $1 == "shmem" {s += $2} END {print s + 0}' "$CG/memory.stat"; }
+    mem_anon() { awk '$1 == "anon" || $1 == "shmem" {s += $2} END {printf "%.0f\n", s}' "$CG/memory.stat"; }
     oom_kills() { awk '$1 == "oom_kill" {print $2}' "$CG/memory.events"; }
 else
     CG_VERSION=1
@@ -132,7 +132,7 @@ else
     echo "$cpus_list" >"/sys/fs/cgroup/cpuset/$CG_NAME/cpuset.cpus"
     mem_usage() { cat "$CG/memory.usage_in_bytes"; }
     mem_inactive() { awk '$1 == "total_inactive_file" {print $2}' "$CG/memory.stat"; }
-    mem_anon() { awk '$1 == "total_rss" || $1 == "total_shmem" {s += $2} END {print s + 0}' "$CG/memory.stat"; }
+    mem_anon() { awk '$1 == "total_rss" || $1 == "total_shmem" {s += $2} END {printf "%.0f\n", s}' "$CG/memory.stat"; }
     oom_kills() { awk '$1 == "oom_kill" {print $2}' "$CG/memory.oom_control"; }
 fi
 say "cgroup v$CG_VERSION $CG_NAME: memory $MEMORY, CPUs $cpus_list ($CPUS), swap none"

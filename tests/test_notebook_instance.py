@@ -254,3 +254,21 @@ def test_each_script_fits_a_lifecycle_configuration(script: str) -> None:
     # 16,384 characters; the organizer's template adds a few lines of settings before it.
     encoded = base64.b64encode((SCRIPTS / script).read_bytes())
     assert len(encoded) <= 16384 - 1024, len(encoded)
+
+
+def test_the_simulations_memory_sampler_reads_gigabytes_as_integers() -> None:
+    """scripts/simulate_notebook_instance.sh compares samples with `[ -gt ]`; awk's `print` writes a
+    sum over 2^31 as 2.51812e+09 in mawk (Debian's awk), and those samples were skipped, so a phase's
+    peak memory read at most 2 GiB. Each of its mem_anon() programs must print an integer."""
+    import re
+
+    awk = shutil.which("awk")
+    if awk is None:
+        pytest.skip("no awk on this machine")
+    text = (REPO_ROOT / "scripts/simulate_notebook_instance.sh").read_text()
+    programs = re.findall(r"mem_anon\(\) \{ awk '([^']+)'", text)
+    assert len(programs) == 2, programs  # cgroup v2 and v1
+    stat = "anon 3000000000\nshmem 5\ntotal_rss 3000000000\ntotal_shmem 5\ninactive_file 7\n"
+    for program in programs:
+        out = subprocess.run([awk, program], input=stat, capture_output=True, text=True, check=True).stdout
+        assert out.strip() == "3000000005", (program, out)

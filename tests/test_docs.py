@@ -1,10 +1,12 @@
 """The docs point at things that exist: every relative link (and the heading it names after `#`) and
 every repository path named in the markdown files and the notebooks' markdown, and none names one
-machine's own folders.
+machine's own folders. The README stays a page that starts a workshop and links every page of `docs/`,
+and each page of `docs/` links back to it.
 
 A renamed or deleted file used to live on in the README and a notebook (`workshop/cloud.py`, gone
 since the package became `workshop/cloud/`), and CONTRIBUTING.md cited a file by a path that exists
 on one machine only. A link may name a heading (`page.md#a-heading`), which a rename breaks silently.
+The README had grown into a 654-line reference manual; its deep dives moved to `docs/`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ TOP = r"(?:workshop|tests|benchmarks|scripts|images|docs|\.ci|[0-9]_[a-z_]+)"
 REPO_PATH = re.compile(rf"`({TOP}/[A-Za-z0-9_./-]*)`")
 # Folders that exist on one machine only (a developer's checkout, a CI runner's home), not on a reader's.
 MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|root|Users|home/(?!ec2-user\b)[a-z_][\w-]*)/")
+README = REPO_ROOT / "README.md"
+DOCS = REPO_ROOT / "docs"
+# "at most about 150 lines" (issue 26): what a newcomer reads before starting; the deep dives are in docs/.
+README_MAX_LINES = 160
 
 
 def markdown_sources() -> list[tuple[str, Path, str]]:
@@ -134,3 +140,32 @@ def test_links_and_repository_paths_exist_and_name_no_machines_folders(label: st
     machine = [line.strip() for line in text.splitlines() if MACHINE_PATH.search(line)]
     assert machine == [], f"{label}: names one machine's own folders"
 
+
+def test_the_readme_starts_a_workshop_in_at_most_160_lines() -> None:
+    lines = len(README.read_text(encoding="utf-8").splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move the deep dive to a page of docs/"
+
+
+def _linked_files(page: Path, text: str) -> set[Path]:
+    """The files that links in `text`, found in `page`, point to (anchors and URLs left out)."""
+    targets = (t.partition("#")[0] for t in LINK.findall(_outside_fences(text)))
+    return {(page.parent / t).resolve() for t in targets if t and not re.match(r"[a-z][a-z0-9+.-]*:", t)}
+
+
+def test_the_readme_links_every_page_of_docs() -> None:
+    pages = sorted(DOCS.glob("*.md"))
+    assert pages, "docs/ holds the README's deep dives"
+    linked = _linked_files(README, README.read_text(encoding="utf-8"))
+    unlinked = [p.name for p in pages if p.resolve() not in linked]
+    assert unlinked == [], "pages of docs/ that README.md does not link (a newcomer would never find them)"
+
+
+@pytest.mark.parametrize("page", sorted(DOCS.glob("*.md")), ids=lambda p: p.name)
+def test_each_docs_page_says_what_it_is_for_and_links_back_to_the_readme(page: Path) -> None:
+    """The first paragraph after the title: one line, with a link to the README."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("# "), f"{page.name}: opens with its title"
+    at = next(i for i, line in enumerate(lines) if i and line.strip())
+    first = lines[at]
+    assert README.resolve() in _linked_files(page, first), f"{page.name}: {first!r} does not link ../README.md"
+    assert at + 1 == len(lines) or not lines[at + 1].strip(), f"{page.name}: says what it is for in one line"

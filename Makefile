@@ -52,7 +52,7 @@ $(STAMP): requirements.txt requirements-no-deps.txt pyproject.toml
 		$(BIN)/python -m pip uninstall --quiet -y tensorflow tf-keras tensorflow-cpu horovod; fi
 	@# torch's CPU build: PyPI's Linux wheel is the CUDA build, which brings NVIDIA's CUDA libraries
 	@# (cuDNN, cuBLAS, NCCL, ...: gigabytes that a notebook instance's 5 GB volume has no room for). A
-	@# torch of the pinned version already installed (the CUDA build on a GPU machine: README) stays.
+	@# torch of the pinned version already installed (the CUDA build on a GPU machine: docs/laptop-and-gpu.md) stays.
 	$(BIN)/python -m pip install --quiet --no-deps --extra-index-url $(TORCH_INDEX) "$$(grep -E '^torch==' requirements.txt)"
 	@# --no-compile: Python compiles a module's bytecode when it is first imported; compiling every module
 	@# ahead took 0.5 GB, of which the labs import 0.2 GB (a notebook instance's volume is 5 GB).

@@ -177,6 +177,14 @@ def test_two_searches_started_in_the_same_second_get_a_folder_each(tmp_path, mni
         assert saved["trials"][0]["status"] == "ok", saved
 
 
+def _holder_written(lock: Path) -> bool:
+    """Whether the lock file names its holder yet (FolderLock writes it right after it locks)."""
+    try:
+        return "pid" in json.loads(lock.read_text() or "{}")
+    except (OSError, ValueError):
+        return False
+
+
 @pytest.mark.slow
 def test_a_checkpoint_folder_in_use_is_refused_to_a_second_run_and_freed_when_the_first_is_killed(
         tmp_path, mnist_dir, capsys):
@@ -189,10 +197,9 @@ def test_a_checkpoint_folder_in_use_is_refused_to_a_second_run_and_freed_when_th
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=ENV)
     try:
         deadline = time.monotonic() + 300
-        while not (ckpt / LOCK_NAME).is_file() and first.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert (ckpt / LOCK_NAME).is_file(), "the first run never took its checkpoint folder"
-        time.sleep(0.5)  # its pid, command and start time are written right after the lock
+        while not _holder_written(ckpt / LOCK_NAME) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # the lock, then its holder's pid, command and start time written into it
+        assert _holder_written(ckpt / LOCK_NAME), "the first run never took its checkpoint folder"
         code = main(["run", "data_parallel", "--checkpoint-dir", str(ckpt), "--data-dir", str(mnist_dir),
                      "--workdir", str(tmp_path / "second")])
         err = capsys.readouterr().err

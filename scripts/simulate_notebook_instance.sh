@@ -217,12 +217,17 @@ if ! grep -q '^done' "$NB_HOME/workshop-setup.status"; then
 fi
 
 # 2. Every lab once.
-say "make workshop (every lab once)"
-start_sampler; t0=$SECONDS
-in_cgroup make -C "$REPO" --no-print-directory workshop PYTHON="$PY" >"$SIM/labs-1.log" 2>&1 \
-    || { tail -n 40 "$SIM/labs-1.log"; say "make workshop failed"; exit 1; }
-phase_end "every lab once (make workshop)" $((SECONDS - t0))
-grep -E '^\|' "$SIM/labs-1.log" || true
+# `make workshop` in the cgroup, as one phase: $1 its log's name, $2 the phase, $3 what starts it says.
+run_labs() {
+    local log="$SIM/$1.log" t0=$SECONDS
+    say "$3"
+    start_sampler
+    in_cgroup make -C "$REPO" --no-print-directory workshop PYTHON="$PY" >"$log" 2>&1 \
+        || { tail -n 40 "$log"; say "$2: make workshop failed"; exit 1; }
+    phase_end "$2" $((SECONDS - t0))
+    grep -E '^\|' "$log" || true
+}
+run_labs labs-1 "every lab once (make workshop)" "make workshop (every lab once)"
 
 # 3. What is left on the volume.
 sync
@@ -258,12 +263,7 @@ nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
 NotebookClient(nb, kernel_name="distributed-training-workshop", timeout=600).execute()
 print("[simulate] a cell in the kernel:", "".join(o.get("text", "") for o in nb.cells[0].outputs if o.get("name") == "stdout").strip())
 EOF
-say "make workshop again, after the restart"
-start_sampler; t0=$SECONDS
-in_cgroup make -C "$REPO" --no-print-directory workshop PYTHON="$PY" >"$SIM/labs-2.log" 2>&1 \
-    || { tail -n 40 "$SIM/labs-2.log"; say "make workshop failed after the restart"; exit 1; }
-phase_end "every lab again, after the restart" $((SECONDS - t0))
-grep -E '^\|' "$SIM/labs-2.log" || true
+run_labs labs-2 "every lab again, after the restart" "make workshop again, after the restart"
 
 # ----------------------------------------------------------------------------------- summary
 echo

@@ -272,3 +272,15 @@ def test_the_simulations_memory_sampler_reads_gigabytes_as_integers() -> None:
     for program in programs:
         out = subprocess.run([awk, program], input=stat, capture_output=True, text=True, check=True).stdout
         assert out.strip() == "3000000005", (program, out)
+
+
+def test_both_lifecycle_scripts_find_the_checkout_the_same_way() -> None:
+    """on-create.sh and on-start.sh each carry find_checkout() (a lifecycle configuration's script
+    stands alone: it runs before anything on the volume is known to be the checkout), so the copies
+    must not drift apart."""
+    import re
+
+    bodies = [re.search(r"^find_checkout\(\) \{\n.*?^\}\n", (SCRIPTS / name).read_text(), re.S | re.M)
+              for name in ("on-create.sh", "on-start.sh")]
+    assert all(bodies), "find_checkout() is missing from a lifecycle script"
+    assert bodies[0][0] == bodies[1][0]

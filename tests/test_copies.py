@@ -4,6 +4,9 @@ Each lab's `code/` folder is uploaded alone (its SageMaker `source_dir`), and ea
 `workshop/drivers/` runs alone in the training container, so a few helpers are copied on purpose
 instead of imported. `SHARED` lists them: a copy that drifts fails here, naming the file and the
 definition; each copy carries the `# Shared copy:` comment that points a reader at this test.
+A lab's copy is looked for in every module of its `code/` folder (its entry script, or a sibling
+module the script imports, e.g. the fault-tolerance helpers), so moving a helper between the
+modules of one folder needs no change here; a folder with no copy, or two that differ, fails.
 (huggingface/accelerate checks its example scripts the same way: tests/test_examples.py.)
 
 Nothing here starts a training process: the scripts are parsed with `ast`, or loaded as modules
@@ -24,6 +27,9 @@ from workshop.labs import LABS
 
 MARKER = "# Shared copy: keep identical in every script that has it (tests/test_copies.py)."
 
+# A lab's training scripts as SHARED names them: each holds its copies in one of the modules of its
+# `code/` folder. Lab 2 has two scripts; where both need a helper, each keeps its own copy unless
+# they share a sibling module (then the folder holds one copy, and both entries name it).
 L1 = "1_parameter_server/code/train.py"
 HVD_PT = "2_horovod/code/train_pytorch.py"
 HVD_TF = "2_horovod/code/train_tensorflow.py"
@@ -124,10 +130,42 @@ def line_above(path: str, node: ast.stmt) -> str:
     return lines[first - 2].strip() if first >= 2 else ""
 
 
+def is_script(path: str, root: Path = REPO_ROOT) -> bool:
+    """A file that runs as a program (`if __name__ == "__main__":`), not a module a script imports."""
+    return '__name__ == "__main__"' in (root / path).read_text()
+
+
+def holders(name: str, places: tuple[str, ...], root: Path = REPO_ROOT) -> dict[str, tuple[ast.stmt, str] | None]:
+    """File -> its top-level `name`, for every place SHARED lists: a driver is its own file; a lab's
+    script stands for itself and the modules beside it in its `code/` folder that are not scripts
+    (None: neither has `name`)."""
+    found: dict[str, tuple[ast.stmt, str] | None] = {}
+    for place in places:
+        if not place.split("/")[0][:1].isdigit():
+            found[place] = definitions(place, root).get(name)
+            continue
+        folder = (root / place).parent
+        beside = [p.relative_to(root).as_posix() for p in sorted(folder.glob("*.py"))]
+        modules = [place] + [m for m in beside if m != place and not is_script(m, root)]
+        in_folder = {m: d for m in modules if (d := definitions(m, root).get(name)) is not None}
+        if not in_folder:
+            found[place] = None
+        found.update(in_folder)
+    return found
+
+
+def is_declared(path: str, name: str) -> bool:
+    """SHARED lists `name` as copied in `path` (directly, or `path` is a module beside a lab's script)."""
+    places = SHARED.get(name, ())
+    return path in places or (not is_script(path) and any(
+        place.split("/")[0][:1].isdigit() and Path(place).parent == Path(path).parent for place in places))
+
+
 def differences(name: str, files: tuple[str, ...], root: Path = REPO_ROOT) -> list[str]:
     """One message per file whose copy of `name` is missing or differs from the first file's."""
-    found = {path: definitions(path, root).get(name) for path in files}
-    problems = [f"{path}: no top-level {name!r} (SHARED says it holds a copy)" for path, d in found.items() if d is None]
+    found = holders(name, files, root)
+    problems = [f"{path}: no top-level {name!r} in its folder's modules (SHARED says it holds a copy)"
+                for path, d in found.items() if d is None]
     reference = next(((path, d[1]) for path, d in found.items() if d is not None), None)
     if reference is None:
         return problems
@@ -149,8 +187,9 @@ def test_shared_copies_are_identical(name):
 @pytest.mark.parametrize("name", sorted(SHARED))
 def test_every_shared_copy_says_so(name):
     """A reader about to edit one copy sees that it has others, and where they are checked."""
-    for path in SHARED[name]:
-        node, _ = definitions(path)[name]
+    for path, found in holders(name, SHARED[name]).items():
+        assert found is not None, f"{path}: no top-level {name!r} in its folder's modules"
+        node, _ = found
         assert line_above(path, node) == MARKER, f"{path}:{node.lineno}: put `{MARKER}` above {name!r}"
 
 
@@ -162,7 +201,7 @@ def test_no_undeclared_copies():
         for path in group:
             defs = definitions(path)
             # Nodes SHARED covers here (`MNIST_MEAN, MNIST_STD = ...` is one node, listed once).
-            declared = {id(node) for name, (node, _) in defs.items() if path in SHARED.get(name, ())}
+            declared = {id(node) for name, (node, _) in defs.items() if is_declared(path, name)}
             for name, (node, text) in defs.items():
                 if id(node) in declared:
                     continue
@@ -172,23 +211,26 @@ def test_no_undeclared_copies():
             if name in ("main", "HERE", "__all__"):
                 continue  # the entry point; `HERE = Path(__file__)...` is an idiom, not a helper
             identical = [p for p in by_path if list(by_path.values()).count(by_path[p]) > 1]
-            missing = sorted(set(identical) - set(SHARED.get(name, ())))
+            missing = sorted(p for p in identical if not is_declared(p, name))
             assert not missing, f"{name!r} is copied identically in {missing}: add it to SHARED in tests/test_copies.py"
 
 
 def test_the_copies_check_fails_on_a_drift(tmp_path):
-    """The check itself: one changed character in one copy is reported with its file and name."""
-    for path in (HVD_PT, HVD_TF, L3):
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text((REPO_ROOT / path).read_text())
-    drifted = tmp_path / L3
-    drifted.write_text(drifted.read_text().replace("return h.hexdigest()[:16]", "return h.hexdigest()[:12]", 1))
+    """The check itself: one changed character in one copy is reported with its file and name,
+    wherever in its lab's folder the copy lives."""
+    import shutil
+
+    for path in (L1, HVD_PT, L3):
+        shutil.copytree((REPO_ROOT / path).parent, (tmp_path / path).parent, ignore=shutil.ignore_patterns("__pycache__"))
+    drifted = next(path for path in holders("weights_digest", (L3,)))
+    (tmp_path / drifted).write_text(
+        (tmp_path / drifted).read_text().replace("return h.hexdigest()[:16]", "return h.hexdigest()[:12]", 1))
     problems = differences("weights_digest", (HVD_PT, L3), root=tmp_path)
-    assert len(problems) == 1 and problems[0].startswith(f"{L3}: 'weights_digest' differs"), problems
+    assert len(problems) == 1 and problems[0].startswith(f"{drifted}: 'weights_digest' differs"), problems
     assert "-    return h.hexdigest()[:16]" in problems[0] and "+    return h.hexdigest()[:12]" in problems[0]
     assert differences("save_atomic", (HVD_PT, L3), root=tmp_path) == []
-    assert differences("save_atomic", (HVD_PT, HVD_TF), root=tmp_path) == [
-        f"{HVD_TF}: no top-level 'save_atomic' (SHARED says it holds a copy)"
+    assert differences("save_atomic", (HVD_PT, L1), root=tmp_path) == [
+        f"{L1}: no top-level 'save_atomic' in its folder's modules (SHARED says it holds a copy)"
     ]
 
 
@@ -259,3 +301,21 @@ def test_each_scripts_metric_lines_round_trip(lab, capsys, monkeypatch):
         found = [float(m.group(1)) for line in lines if (m := re.search(definition["Regex"], line))]
         # Rank 0's value only: the definitions pin rank 0, so SageMaker charts one line per metric.
         assert found == [pytest.approx(values[definition["Name"]])], (definition, lines)
+
+
+def test_a_scripts_sibling_modules_load_with_it_and_never_shadow_another_labs(tmp_path):
+    """`Lab.load_script` imports a script whose helpers live beside it in `code/`: each lab gets its
+    own `fault_tolerance.py` (say), even when two labs name theirs alike, and none stays behind."""
+    import sys
+
+    from workshop.spec import load_module
+
+    scripts = []
+    for lab, value in (("lab_a", 1), ("lab_b", 2)):
+        folder = tmp_path / lab / "code"
+        folder.mkdir(parents=True)
+        (folder / "helpers.py").write_text(f"VALUE = {value}\n")
+        (folder / "train.py").write_text("from helpers import VALUE\n\ndef value():\n    return VALUE\n")
+        scripts.append(load_module(folder / "train.py", f"_test_{lab}", with_siblings=True))
+    assert [s.value() for s in scripts] == [1, 2]
+    assert "helpers" not in sys.modules and str(tmp_path / "lab_a" / "code") not in sys.path

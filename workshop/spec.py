@@ -26,6 +26,7 @@ import io
 import json
 import re
 import shlex
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,8 +210,9 @@ class Lab:
         return self.launcher.local_config(self, procs_per_host, max_restarts=max_restarts)
 
     def load_script(self) -> ModuleType:
-        """Import the entry script as a module (without running its `main`)."""
-        return load_module(self.entry_path, f"_workshop_lab_{self.key}")
+        """Import the entry script as a module (without running its `main`), with the modules
+        beside it in `code/` importable the way they are when it runs as a program."""
+        return load_module(self.entry_path, f"_workshop_lab_{self.key}", with_siblings=True)
 
     def validate_hyperparameters(
         self, hyperparameters: Mapping[str, Any], world_size: int = 1, train_samples: int | None = None
@@ -301,12 +303,30 @@ def split_fix(text: str, hyperparameters: Mapping[str, Any]) -> tuple[str, str |
     return rules.rstrip(". "), fix
 
 
-def load_module(path: Path, name: str) -> ModuleType:
+def load_module(path: Path, name: str, with_siblings: bool = False) -> ModuleType:
     """Execute the Python file `path` as a module called `name` (not added to `sys.modules`): a
-    lab's script or spec, or a driver that ships on its own, read without being installed."""
+    lab's script or spec, or a driver that ships on its own, read without being installed.
+
+    `with_siblings`: the modules in `path`'s folder are importable by their plain names while it
+    runs (a lab's script imports its `code/` folder's helpers so), and are then forgotten again:
+    two labs may each have a `fault_tolerance.py`, and neither may shadow the other's.
+    """
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    if not with_siblings:
+        spec.loader.exec_module(module)
+        return module
+    folder = str(Path(path).resolve().parent)
+    siblings = {p.stem for p in Path(folder).glob("*.py")}
+    saved = {n: sys.modules.pop(n) for n in list(sys.modules) if n.split(".")[0] in siblings}
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
+        for n in [n for n in sys.modules if n.split(".")[0] in siblings]:
+            del sys.modules[n]
+        sys.modules.update(saved)
     return module
 
 

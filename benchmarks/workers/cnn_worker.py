@@ -22,7 +22,6 @@ samples_per_sec=...` lines, so the benchmark reads every strategy the same way.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -35,15 +34,13 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from workshop import REPO_ROOT
+from workshop.spec import load_module
 
 LAB3 = REPO_ROOT / "3_data_parallel" / "code" / "train.py"
 
 
 def load_lab3():
-    spec = importlib.util.spec_from_file_location("lab3_train", LAB3)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(LAB3, "lab3_train", with_siblings=True)  # with the helper modules beside it in code/
 
 
 def main(argv=None) -> int:

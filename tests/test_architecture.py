@@ -211,3 +211,52 @@ def test_the_command_line_imports_no_heavy_package_to_answer(argv):
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"{argv}: imported {out.stdout.strip()}"
+
+
+# ----------------------------------------------------------------------------- the labs' scripts
+
+# A lab's entry script reads top-down as its lesson (issue 26): main(), the model and the lines that make it
+# distributed; what serves other chapters (restarts, profiling, argument checks, the SageMaker contract's
+# helpers) lives in modules beside it in `code/`. Lines as `wc -l` counts them; None: no budget.
+SCRIPT_LINES = 250
+SCRIPT_LINES_EXCEPT: dict[str, int | None] = {
+    "4_model_parallel/code/train.py": 350,  # FSDP, activation checkpointing and offloading, SMP v2: more to show
+    "4_model_parallel/code/tp_pp_demo.py": None,  # the tensor- and pipeline-parallel demo, kept as it is
+}
+# Labs whose helpers were still being moved out when the budget came (issue 26): while such a lab's
+# `code/` folder holds only scripts, its over-budget script is an expected failure; once a module sits
+# beside it, the budget holds for it like for any other.
+MOVING_OUT = ("1_parameter_server", "2_horovod", "4_model_parallel")
+
+
+def lab_scripts() -> list[str]:
+    """Every program in a lab's `code/` folder (`if __name__ == "__main__":`), not the modules it imports."""
+    return sorted(p.relative_to(REPO_ROOT).as_posix() for p in REPO_ROOT.glob("[0-9]_*/code/*.py")
+                  if '__name__ == "__main__"' in p.read_text())
+
+
+def script_case(path: str):
+    folder = (REPO_ROOT / path).parent
+    alone = all('__name__ == "__main__"' in p.read_text() for p in folder.glob("*.py"))
+    moving = path.split("/")[0] in MOVING_OUT and alone
+    return pytest.param(path, id=path, marks=[pytest.mark.xfail(
+        reason="its helpers are still to move beside it (issue 26)", strict=False)] if moving else [])
+
+
+def test_the_lab_scripts_are_found():
+    scripts = lab_scripts()
+    assert "3_data_parallel/code/train.py" in scripts and "2_horovod/code/train_tensorflow.py" in scripts
+    assert not any(path.endswith(("contract.py", "arguments.py", "fault_tolerance.py")) for path in scripts)
+    assert set(SCRIPT_LINES_EXCEPT) <= set(scripts), "a budget for a script that does not exist"
+
+
+@pytest.mark.parametrize("path", [script_case(path) for path in lab_scripts()])
+def test_each_lab_script_is_within_its_line_budget(path):
+    budget = SCRIPT_LINES_EXCEPT.get(path, SCRIPT_LINES)
+    if budget is None:
+        pytest.skip(f"{path} has no line budget")
+    lines = (REPO_ROOT / path).read_text().count("\n")
+    assert lines <= budget, (
+        f"{path} is {lines} lines, over its budget of {budget}: move what is not its lesson (fault tolerance, "
+        "profiling, argument checks, the contract's helpers) into a module beside it in code/, and import it "
+        "from there at the top")

@@ -241,6 +241,7 @@ def set_rng_state(rng: dict) -> None:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
+    """The model itself: DDP keeps the model it wraps as `.module`; a world of one has no wrapper."""
     return model.module if isinstance(model, DDP) else model
 
 

@@ -1,7 +1,7 @@
 """The PyTorch script's checkpoints: written whole, verified on load, never of a diverged run.
 
 Rank 0 writes `checkpoint.pt` after each epoch and reads it back when a run starts (train_pytorch.py
-broadcasts it to the other ranks). The `# Shared copy:` definitions are lab 3's too.
+broadcasts it to the other ranks). The `# Shared copy:` definitions are in labs 3 and 4 too.
 """
 
 from __future__ import annotations

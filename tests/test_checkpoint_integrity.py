@@ -470,13 +470,9 @@ _LOCAL = ('Graph execution error:\n\nDetected at node RestoreV2_1 defined at (mo
 @pytest.mark.parametrize("lab", [get_lab("parameter_server"), get_lab("horovod_tensorflow")], ids=lambda lab: lab.key)
 @pytest.mark.parametrize("message", [_REMOTE, _LOCAL], ids=["another task", "the coordinator"])
 def test_a_tensorflow_restore_error_is_one_line_with_its_status(lab, message):
-    import importlib.util
-
     import tensorflow as tf
 
-    spec = importlib.util.spec_from_file_location(f"restore_error_{lab.key}", lab.entry_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = lab.load_script()  # with the modules beside it in code/, where the helper may live
     said = module.restore_error(tf.errors.DataLossError(None, None, message))
     assert said.startswith("DATA_LOSS: TensorBundle at /c/ckpt-20 shard "), said
     assert "Checksum does not match" in said and "File " not in said and "[[" not in said and "\n" not in said

@@ -16,11 +16,11 @@ Every flag is lab 1's (`--help`), except `--bench-compute-only`.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
 
 from workshop import REPO_ROOT
+from workshop.spec import load_module
 
 LAB1 = REPO_ROOT / "1_parameter_server" / "code" / "train.py"
 LAB3_SHAPES = {  # lab 3's Net, in lab 1's (TensorFlow) layout
@@ -32,9 +32,7 @@ LAB3_SHAPES = {  # lab 3's Net, in lab 1's (TensorFlow) layout
 
 
 def load_lab1():
-    spec = importlib.util.spec_from_file_location("lab1_train", LAB1)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module(LAB1, "lab1_train", with_siblings=True)  # with the modules beside it in code/
     module.SHAPES = LAB3_SHAPES
     module.make_model_class = make_model_class
     return module

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
 from contract import exit_with
 
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from contract import PROFILE_WAIT, PROFILE_WARMUP
 
 

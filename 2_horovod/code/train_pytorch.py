@@ -37,12 +37,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
 from arguments import check_args, lower_lr_fix, parser_for
 from checkpointing import Divergence, read_checkpoint, resume, save_checkpoint
 from contract import MNIST_MEAN, MNIST_STD, describe_run, metrics, threads_per_rank
 from step_profiler import HorovodProfile, StepProfiler, allow_timeline
-from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
 
 build_parser = partial(parser_for, "pytorch")  # the flags (the workshop reads them too)
 

@@ -37,6 +37,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ INFO/WARNING lines off
 
 import numpy as np  # noqa: E402
+
 from arguments import check_args, lower_lr_fix, parser_for  # noqa: E402
 from checkpointing_tf import restore_error, restore_on_rank0, stop_if_diverged  # noqa: E402, F401 (restore_error: the tests read it here)
 from contract import MNIST_MEAN, MNIST_STD, describe_run, exit_with, metrics, threads_per_rank  # noqa: E402

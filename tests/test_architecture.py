@@ -192,7 +192,8 @@ HEAVY = ("sagemaker", "boto3", "botocore", "torch", "tensorflow")
 
 
 @pytest.mark.parametrize("argv", [None, ["--help"], ["labs"], ["run", "nosuchlab"], ["run", "data_parallel", "--hosts", "0"],
-                                  ["run", "data_parallel", "--dry-run"], ["profile", "parameter_server"]])
+                                  ["run", "data_parallel", "--dry-run"], ["profile", "parameter_server"],
+                                  ["tune", "data_parallel", "--param", "lr=abc"], ["tune", "data_parallel", "--param", "lrr=1"]])
 def test_the_command_line_imports_no_heavy_package_to_answer(argv):
     """Importing `workshop.__main__` (argv None), and each of these commands, in a fresh interpreter."""
     import subprocess

@@ -109,7 +109,7 @@ class Objective:
 def script_flags(lab: Lab) -> dict[str, argparse.Action]:
     """The lab script's hyperparameter flags (without dashes) -> their argparse actions; the
     contract's paths (its "SageMaker contract" group) are left out."""
-    parser = lab.load_script().build_parser()
+    parser = lab.script_parser()
     contract = {
         id(action)
         for group in parser._action_groups  # argparse keeps each group's actions only here

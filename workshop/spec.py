@@ -18,7 +18,9 @@ launcher and a data source provide. `CONTRIBUTING.md` walks through adding a lab
 """
 
 from __future__ import annotations
+import __future__
 
+import ast
 import contextlib
 import contextvars
 import importlib.util
@@ -30,7 +32,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any, Protocol
 
 from workshop import REPO_ROOT
@@ -214,6 +216,16 @@ class Lab:
         beside it in `code/` importable the way they are when it runs as a program."""
         return load_module(self.entry_path, f"_workshop_lab_{self.key}", with_siblings=True)
 
+    def script_parser(self) -> Any:
+        """The entry script's own argument parser (its `build_parser()`), read without importing its
+        framework where it can be (`load_definitions`): a refusal of a bad value then answers in a
+        fraction of a second, not after seconds of `import torch`. A parser that needs more than the
+        script's standard-library definitions is built from the script itself, imported."""
+        try:
+            return load_definitions(self.entry_path).build_parser()
+        except (NameError, AttributeError):  # it uses something only the full import defines
+            return self.load_script().build_parser()
+
     def validate_hyperparameters(
         self, hyperparameters: Mapping[str, Any], world_size: int = 1, train_samples: int | None = None
     ) -> Any:
@@ -328,6 +340,41 @@ def load_module(path: Path, name: str, with_siblings: bool = False) -> ModuleTyp
             del sys.modules[n]
         sys.modules.update(saved)
     return module
+
+
+# The top-level statements `load_definitions` runs: imports, definitions and plain assignments.
+_DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
+
+
+def load_definitions(path: Path) -> SimpleNamespace:
+    """The Python file `path`'s top-level definitions, without what it imports from outside the
+    standard library (a lab script's framework: seconds to import) and without running anything else.
+
+    Each top-level import of a standard-library module, function, class and plain assignment is run on
+    its own (with postponed annotations, so a signature that names `torch.Tensor` costs nothing); one
+    that needs what was left out (a class `Net(nn.Module)`, `DEVICE = torch.device(...)`) is left out
+    too. Functions that only use the rest (a script's `build_parser`) work; one that reaches for what
+    was left out raises NameError when called, and the caller imports the file instead (`load_module`).
+    """
+    source = Path(path).read_text(encoding="utf-8")
+    names = SimpleNamespace(__name__=f"_workshop_definitions_{Path(path).stem}", __file__=str(path))
+    namespace = vars(names)
+    flags = __future__.annotations.compiler_flag
+    for node in ast.parse(source, str(path)).body:
+        if not isinstance(node, _DEFINITIONS):
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if node.__class__ is ast.ImportFrom and node.level:  # relative: the script's own package
+                continue
+            if not all(m.split(".")[0] in sys.stdlib_module_names for m in modules):
+                continue
+        code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec", flags=flags, dont_inherit=True)
+        try:
+            exec(code, namespace)  # noqa: S102 - the lab's own file, which the caller would import anyway
+        except Exception:  # noqa: BLE001 - it needs what was left out: so is it
+            continue
+    return names
 
 
 def hyperparameters_to_argv(hyperparameters: Mapping[str, Any]) -> list[str]:

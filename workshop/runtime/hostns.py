@@ -166,7 +166,7 @@ def available() -> tuple[bool, str]:
     if not Path("/opt").is_dir() or not Path(HOSTS_FILE).is_file():
         return False, "this system has no /opt folder or no /etc/hosts to stand in for"
     probe = subprocess.run(
-        [sys.executable, "-m", "workshop.runtime.hostns", "probe"],
+        entry_command("probe"),
         capture_output=True, text=True, timeout=60, env=_clean_env(),
     )
     if probe.returncode == 0 and probe.stdout.strip() == "ok":
@@ -175,11 +175,26 @@ def available() -> tuple[bool, str]:
     return False, f"this kernel refuses unprivileged namespaces ({reason})"
 
 
+# The folder the `workshop` package is in: how its own processes (below) import it without `site`.
+PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+
+
+def entry_command(*args: str) -> list[str]:
+    """`python -m workshop.runtime.hostns ARGS`, for the processes that make and enter the namespaces
+    (the probe, the holder, each host's entry). They import only the standard library and this
+    package, so they start without `site` (-S; it finds the package through PYTHONPATH, see
+    `with_package`): its .pth files cost a tenth of a second or more per process, and the holder and a
+    host's entry start one after the other before each job's hosts run anything."""
+    return [sys.executable, "-S", "-m", "workshop.runtime.hostns", *args]
+
+
+def with_package(env: dict[str, str]) -> dict[str, str]:
+    """`env` with PACKAGE_ROOT first on PYTHONPATH (for `entry_command`'s processes)."""
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)}
+
+
 def _clean_env() -> dict[str, str]:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return env
+    return with_package(dict(os.environ))
 
 
 def _probe() -> int:
@@ -220,7 +235,7 @@ class NamespaceHolder:
     """
 
     def __init__(self, *, proxy: bool = False):
-        cmd = [sys.executable, "-m", "workshop.runtime.hostns", "hold"] + (["--proxy"] if proxy else [])
+        cmd = entry_command("hold", *(["--proxy"] if proxy else []))
         # No preexec_fn (the holder asks to die with us itself, see die_with_parent_from_start):
         # Python code between fork and exec can deadlock on a lock another thread held, and a
         # Ctrl-C inside Popen would lose the process it started.
@@ -245,19 +260,15 @@ class NamespaceHolder:
         return self.proc.pid
 
     def close(self) -> None:
+        # Killed, not asked: it has nothing to save (the namespaces go with the last process in
+        # them), and its interpreter's orderly exit would only make every job end later.
         if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stderr):
+            self.proc.kill()
+            self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream:
-                stream.close()
+                with contextlib.suppress(OSError):
+                    stream.close()
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -397,6 +408,9 @@ class HostSpec:
     start_delay_s: float = 0.0
     cpus: list[int] = field(default_factory=list)  # CPU affinity of the host (empty: all)
     checkpoints: str = ""  # a folder mounted at /opt/ml/checkpoints (the run's checkpoint_dir); "": the sandbox's
+    # The container's PYTHONPATH (None: unset), put back before `command` runs: the entry process's own
+    # has the package first (`with_package`).
+    pythonpath: str | None = None
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -455,6 +469,10 @@ def _host(spec_path: str) -> int:
     signal.signal(signal.SIGTERM, forward_sigterm)
     die_with_parent_from_start(signal.SIGTERM)
     spec = HostSpec(**json.loads(Path(spec_path).read_text()))
+    if spec.pythonpath is None:  # the container's environment, as the local cluster built it
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = spec.pythonpath
     try:
         _enter(spec)
     except OSError as exc:

@@ -949,10 +949,11 @@ class LocalCluster:
                     hostname=host, sandbox=str(sandbox.root), hosts_file=str(hosts_file),
                     command=self.container_command or container_command(), holder_pid=0,
                     stash=str(ns_dir / f"opt-{host}"), start_delay_s=self.start_delays[host_rank], cpus=mine,
-                    checkpoints=str(store) if store is not None else "",
+                    checkpoints=str(store) if store is not None else "", pythonpath=env.get("PYTHONPATH"),
                 )
                 specs.append((ns_dir / f"{host}.json", spec))
-                commands.append([sys.executable, "-m", "workshop.runtime.hostns", "host", str(ns_dir / f"{host}.json")])
+                envs[-1] = hostns.with_package(env)  # the entry starts without `site`; the spec puts it back
+                commands.append(hostns.entry_command("host", str(ns_dir / f"{host}.json")))
             else:
                 commands.append([sys.executable, "-m", "workshop.runtime.run_driver", str(driver)])
 
@@ -1022,6 +1023,7 @@ class _Run:
         self.cluster_id = cluster_id
         self.timeout_s = timeout_s
         self.lines: queue.Queue = queue.Queue()
+        self.output_ended: set[str] = set()  # hosts whose output has ended: they are exiting
         self.procs: list[subprocess.Popen] = []
         self.readers: list[threading.Thread] = []
         # The last lines of every (host, rank) stream, for the failure report.
@@ -1101,6 +1103,8 @@ class _Run:
         for rank, piece in partial.items():  # output that never got its newline
             self.lines.put((host.name, rank, f"[{host.name}/{rank}] {piece}" if rank else f"[{host.name}] {piece}"))
         proc.stdout.close()
+        # The host's output ended: it is exiting. Wakes the run's loop now, not at its next poll.
+        self.lines.put((host.name, None, None))
 
     def _open_log(self, path: Path) -> Any:
         try:
@@ -1184,6 +1188,8 @@ class _Run:
         return [(r, t) for r, t in out[:-1] if t] + [out[-1]]
 
     def _drain(self, timeout: float = 0.0) -> None:
+        """Take the lines that came, waiting up to `timeout` for more; returns early once a host's
+        output has ended (the host is exiting, and the run's loop looks at it at once)."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -1194,6 +1200,10 @@ class _Run:
                     host, rank, line = self.lines.get_nowait()
             except queue.Empty:
                 return
+            if line is None:  # a host's output ended (see _read)
+                self.output_ended.add(host)
+                deadline = 0.0
+                continue
             self.tails.setdefault((host, rank), deque(maxlen=400)).append((len(self.all_lines), line))
             self.all_lines.append(line)
             self.last_line_at[(host, rank)] = self.last_line_any = time.monotonic()
@@ -1224,8 +1234,15 @@ class _Run:
             try:
                 self._start()
                 self.last_line_any = time.monotonic()  # the silence is counted from the start
+                waited: set[str] = set()
                 while True:
                     self._drain(0.1)
+                    for host, proc in zip(self.hosts, self.procs, strict=False):
+                        # Its output ended as it exited: see its status now, not a poll (0.1 s) later.
+                        if host.name in self.output_ended and host.name not in waited:
+                            waited.add(host.name)
+                            with contextlib.suppress(subprocess.TimeoutExpired):
+                                proc.wait(timeout=0.1)
                     codes = [p.poll() for p in self.procs]
                     if self.display is not None:
                         self.display.set_hosts_up(sum(code is None for code in codes))
@@ -1582,7 +1599,7 @@ class _Run:
         self.stop_line = len(self.all_lines)
         self.ended_before_stop = {i for i, p in enumerate(self.procs) if p.poll() is not None}
         live = [p for p in self.procs if p.poll() is None]
-        descendants = _descendants({p.pid for p in live})
+        descendants = _descendants({p.pid for p in live}) if live else []
         for proc in live:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -1599,6 +1616,8 @@ class _Run:
                     pass
         found = descendants + processes_with_marker(self.cluster_id)
         for _ in range(20):
+            if not found:  # nothing left (a job that ended on its own, typically): no second look needed
+                break
             for child in found:
                 try:
                     child.kill()

@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psutil
+if TYPE_CHECKING:
+    import psutil
 
 MARKER = "WORKSHOP_CLUSTER_ID"
 # The pid of the process that started this one; the child compares it with its parent's once it
@@ -29,6 +31,16 @@ PARENT_ENV = "WORKSHOP_PARENT_PID"
 
 def processes_with_marker(cluster_id: str) -> list[psutil.Process]:
     """Every live process whose environment carries this cluster's marker."""
+    try:
+        import psutil  # here: a host's entry process needs it only to sweep for a local cluster that died
+    except ImportError:
+        if not sys.flags.no_site:
+            raise
+        import site  # a host's entry process, started without it (see hostns.entry_command)
+
+        site.main()
+        import psutil
+
     found = []
     for proc in psutil.process_iter(["pid"]):
         try:

@@ -415,3 +415,23 @@ def test_the_markdown_table_renders_and_several_reports_share_one_plot(tmp_path)
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert labels == ["a\nrank 0", "a\nrank 1 *", "b\nrank 0 *", "b\nrank 1"]
     assert (tmp_path / "both.png").stat().st_size > 0
+
+
+def test_in_a_notebook_the_table_is_rendered_once_not_printed_too(tmp_path, monkeypatch, capsys):
+    """The issue: lab 3's profiler cells printed the raw pipe table, then the next cell rendered it again."""
+    import IPython.display
+
+    write_traces(tmp_path / "algo-1", [synthetic_trace(0, 2, [100, 900])])
+    write_traces(tmp_path / "algo-2", [synthetic_trace(1, 2, [700, 100])])
+    report = report_from([tmp_path / "algo-1", tmp_path / "algo-2"], out_dir=tmp_path / "out")
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    monkeypatch.setattr(profiling, "in_notebook", lambda: True)
+    profiling._say(report, tmp_path / "out", echo=True)
+    [table] = shown
+    assert isinstance(table, IPython.display.Markdown) and table.data == report.table(markdown=True)
+    out = capsys.readouterr().out
+    assert report.table().splitlines()[1] not in out and out.startswith("Traces (open in https://ui.perfetto.dev)")
+    monkeypatch.setattr(profiling, "in_notebook", lambda: False)  # a terminal: printed, once
+    profiling._say(report, tmp_path / "out", echo=True)
+    assert capsys.readouterr().out.count(report.table().splitlines()[1]) == 1 and len(shown) == 1

@@ -37,16 +37,20 @@ TICK_S = 1.0  # live: the display is redrawn at least this often, so its clock m
 STALL_S = 120.0  # no line from any rank for this long: the job stalls (LocalCluster's stall_s)
 
 
-def live_display(stream: TextIO | None = None) -> bool:
-    """Whether a display can be redrawn here: a Jupyter kernel (tqdm's widget) or a terminal."""
+def in_notebook() -> bool:
+    """Whether this runs in a Jupyter kernel (a notebook): there a table is displayed, rendered, not printed."""
     try:
         from IPython import get_ipython
-
-        shell = get_ipython()
-        if shell is not None and getattr(shell, "kernel", None) is not None:
-            return True
     except ImportError:
-        pass
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def live_display(stream: TextIO | None = None) -> bool:
+    """Whether a display can be redrawn here: a Jupyter kernel (tqdm's widget) or a terminal."""
+    if in_notebook():
+        return True
     stream = stream or sys.stderr
     return bool(getattr(stream, "isatty", lambda: False)())
 

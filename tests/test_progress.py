@@ -164,3 +164,28 @@ def test_an_interrupted_job_says_so_when_its_display_closes():
     clock.t += 3
     progress.close(stopped=True)
     assert out.getvalue() == "[progress] data-parallel: 0/3 epoch(s) in 3.0 s; step 5, loss 2.5, stopped by an interrupt\n"
+
+
+def test_a_first_run_says_it_loads_the_sdks_launchers_before_the_long_silent_import(monkeypatch, capsys):
+    """Lab 1's training cell sat 25 s with no output under load: `sagemaker.train.distributed`'s first import."""
+    import sys
+
+    from workshop import runner
+    from workshop.labs import get_lab
+
+    lab = get_lab("parameter_server")
+
+    class Imported(Exception):
+        pass
+
+    def config(*args, **kwargs):
+        raise Imported  # where the import would happen: nothing starts in this test
+    monkeypatch.setattr(type(lab), "distributed_config", lambda self, *a, **k: config())
+    monkeypatch.delitem(sys.modules, runner.SDK_LAUNCHERS, raising=False)
+    with pytest.raises(Imported):
+        runner.run_local(lab)
+    assert "loading the SageMaker SDK's launcher configs" in capsys.readouterr().out
+    monkeypatch.setitem(sys.modules, runner.SDK_LAUNCHERS, object())  # already loaded: nothing to say
+    with pytest.raises(Imported):
+        runner.run_local(lab)
+    assert capsys.readouterr().out == ""

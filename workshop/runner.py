@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,8 @@ from workshop.runtime.progress import STALL_S
 from workshop.search import Objective, SearchSpace
 from workshop.spec import Lab
 
+SDK_LAUNCHERS = "sagemaker.train.distributed"  # what `Lab.distributed_config` imports (Torchrun, MPI, ...)
+
 
 def run_local(
     lab: Lab,
@@ -91,6 +94,9 @@ def run_local(
     """
     hosts = lab.local_hosts if hosts is None else hosts
     procs_per_host = lab.local_procs_per_host if procs_per_host is None else procs_per_host
+    if echo and SDK_LAUNCHERS not in sys.modules:  # the launcher's config is the SDK's: a long, silent first import
+        print(f"{lab.label}: loading the SageMaker SDK's launcher configs, once per Python process "
+              "(5 s on an idle 2-core machine, up to a minute on a busy one) ...", flush=True)
     cluster = LocalCluster(  # checks hosts and procs_per_host
         lab.source_dir,
         lab.entry_script,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 
 import pytest
 
@@ -189,3 +190,16 @@ def test_a_first_run_says_it_loads_the_sdks_launchers_before_the_long_silent_imp
     with pytest.raises(Imported):
         runner.run_local(lab)
     assert capsys.readouterr().out == ""
+
+
+def test_still_says_a_silent_wait_goes_on_every_few_seconds_until_it_ends():
+    from workshop.runtime.progress import still
+
+    said = []
+    with pytest.raises(ZeroDivisionError), still("measuring N=2", every_s=0.2, echo=said.append):
+        time.sleep(0.7)
+        raise ZeroDivisionError  # however it ends, the lines stop
+    count = len(said)
+    time.sleep(0.5)
+    assert 2 <= count <= 4 and len(said) == count, said
+    assert said[0] == "  still measuring N=2: 0 s"

@@ -55,7 +55,7 @@ from workshop.jobs.tuning import (
 )
 from workshop.labs import get_lab
 from workshop.runtime.local_cluster import ClusterResult, LocalCluster
-from workshop.runtime.progress import STALL_S
+from workshop.runtime.progress import STALL_S, still
 from workshop.search import Objective, SearchSpace
 from workshop.spec import Lab
 
@@ -97,6 +97,8 @@ def run_local(
     if echo and SDK_LAUNCHERS not in sys.modules:  # the launcher's config is the SDK's: a long, silent first import
         print(f"{lab.label}: loading the SageMaker SDK's launcher configs, once per Python process "
               "(5 s on an idle 2-core machine, up to a minute on a busy one) ...", flush=True)
+        with still("loading the SageMaker SDK"):
+            lab.distributed_config(procs_per_host, max_restarts=max_restarts)  # the import, with a line every 10 s
     cluster = LocalCluster(  # checks hosts and procs_per_host
         lab.source_dir,
         lab.entry_script,

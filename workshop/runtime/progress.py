@@ -23,9 +23,12 @@ its own, each rank's last line with them, until it recovers or ends.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from workshop import metrics
@@ -35,6 +38,26 @@ _RANK_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+")
 HEARTBEAT_S = 60.0  # not live: a line this often while the job runs
 TICK_S = 1.0  # live: the display is redrawn at least this often, so its clock moves while no rank writes
 STALL_S = 120.0  # no line from any rank for this long: the job stalls (LocalCluster's stall_s)
+
+
+@contextlib.contextmanager
+def still(what: str, every_s: float = 10.0, echo: Callable[[str], None] = print) -> Iterator[None]:
+    """Around a wait that prints nothing of its own (an import, a measurement): a line every `every_s`
+    seconds, `  still {what}: N s`, from a thread of its own, until the block ends (however it ends)."""
+    done = threading.Event()
+    t0 = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every_s):
+            echo(f"  still {what}: {time.monotonic() - t0:.0f} s")
+
+    ticker = threading.Thread(target=tick, name="workshop-still", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
 
 
 def in_notebook() -> bool:

@@ -183,6 +183,11 @@ def test_a_first_run_says_it_loads_the_sdks_launchers_before_the_long_silent_imp
         raise Imported  # where the import would happen: nothing starts in this test
     monkeypatch.setattr(type(lab), "distributed_config", lambda self, *a, **k: config())
     monkeypatch.delitem(sys.modules, runner.SDK_LAUNCHERS, raising=False)
+    monkeypatch.setattr(runner, "live_display", lambda: False)  # a log (CI, the CLI in a pipe): its few lines only
+    with pytest.raises(Imported):
+        runner.run_local(lab)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(runner, "live_display", lambda: True)  # a notebook, a terminal
     with pytest.raises(Imported):
         runner.run_local(lab)
     assert "loading the SageMaker SDK's launcher configs" in capsys.readouterr().out

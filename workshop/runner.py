@@ -55,7 +55,7 @@ from workshop.jobs.tuning import (
 )
 from workshop.labs import get_lab
 from workshop.runtime.local_cluster import ClusterResult, LocalCluster
-from workshop.runtime.progress import STALL_S, still
+from workshop.runtime.progress import STALL_S, live_display, still
 from workshop.search import Objective, SearchSpace
 from workshop.spec import Lab
 
@@ -94,7 +94,9 @@ def run_local(
     """
     hosts = lab.local_hosts if hosts is None else hosts
     procs_per_host = lab.local_procs_per_host if procs_per_host is None else procs_per_host
-    if echo and SDK_LAUNCHERS not in sys.modules:  # the launcher's config is the SDK's: a long, silent first import
+    # The launcher's config is the SDK's: a long, silent first import. Said where someone watches (a notebook,
+    # a terminal); a log (CI, a pipe) keeps its few lines.
+    if echo and SDK_LAUNCHERS not in sys.modules and live_display():
         print(f"{lab.label}: loading the SageMaker SDK's launcher configs, once per Python process "
               "(5 s on an idle 2-core machine, up to a minute on a busy one) ...", flush=True)
         with still("loading the SageMaker SDK"):

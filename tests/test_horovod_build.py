@@ -579,3 +579,23 @@ def test_make_setup_starts_the_build_after_the_base_set_up_and_nothing_waits_for
     horovod = commands("horovod")
     assert horovod[-2:] == [f"{venv}/bin/python -m workshop.horovod_build build",
                             f"VENV={venv} HOROVOD_VERIFY=1 bash scripts/build_horovod.sh"]
+
+
+def test_check_build_says_it_is_still_checking_until_its_list_comes(tmp_path):
+    """The issue: lab 2's `horovodrun --check-build` cell sat 111 s on one "running..." line."""
+    from workshop.horovod_build import check_build
+
+    fake = tmp_path / "horovodrun"  # as the real one: nothing on stdout until it is done
+    fake.write_text("#!/bin/sh\nsleep 2.6\necho 'Available Frameworks:'\necho '    [ ] TensorFlow'\n"
+                    "echo '    [X] PyTorch'\necho 'Available Controllers:'\necho '    [X] Gloo'\n")
+    fake.chmod(0o755)
+    said = []
+    built = check_build(str(fake), echo=said.append, every_s=1.0)
+    assert built == {"TensorFlow": False, "PyTorch": True, "Gloo": True}
+    assert said[0].startswith("running `horovodrun --check-build`")
+    ticks = [line for line in said if line.startswith("  still checking: ")]
+    assert 2 <= len(ticks) <= 3, said
+    assert "[X] PyTorch" in said[-1] and said[-1].endswith(" s)")
+    fake.write_text("#!/bin/sh\necho 'no torch' >&2\nexit 1\n")
+    with pytest.raises(RuntimeError, match="exit status 1"):
+        check_build(str(fake), echo=said.append, every_s=1.0)

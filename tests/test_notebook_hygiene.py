@@ -186,3 +186,64 @@ def test_lab1_labels_its_coordinator_not_rank_0() -> None:
     notebook = next(p for p in NOTEBOOKS if p.parent.name == "1_parameter_server")
     plots = [c.source for c in _read(notebook).cells if c.cell_type == "code" and "plot_per_rank" in c.source]
     assert plots and all('labels={0: "coordinator' in source for source in plots), plots
+
+
+def test_a_plot_with_few_steps_has_a_tick_under_each_point() -> None:
+    """The issue: lab 4's loss plot ticked every 6 steps while its points fell every 10."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from workshop import metrics
+
+    records = [{"rank": r, "step": s, "train_loss": 5.0 / s} for r in (0, 1) for s in range(10, 61, 10)]
+    fig = metrics.plot_per_rank(records, [("step", "train_loss")])
+    try:
+        assert list(fig.axes[0].get_xticks()) == [10, 20, 30, 40, 50, 60]
+    finally:
+        plt.close(fig)
+    many = [{"rank": 0, "step": s, "train_loss": 1.0} for s in range(1, 94)]  # a line per step: the locator's ticks
+    fig = metrics.plot_per_rank(many, [("step", "train_loss")])
+    try:
+        assert len(fig.axes[0].get_xticks()) < 15
+    finally:
+        plt.close(fig)
+
+
+def test_lab4_memory_figure_labels_neither_touch_nor_reach_the_frame(tmp_path) -> None:
+    """The issue: the "N=1/N=2/N=4" labels over lab 4's bars sat on the top frame and nearly touched.
+    The figure cell runs here on measurements of the shape the notebook's grid makes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    notebook = next(p for p in NOTEBOOKS if p.parent.name == "4_model_parallel")
+    [source] = [c.source for c in _read(notebook).cells if c.cell_type == "code" and "model_parallel_memory.png" in c.source]
+    full = 400_000
+    runs = {}
+    for technique, share in (("no_shard", 0), ("optimizer", 0.5), ("shard_grad_op", 1), ("full_shard", 1), ("hybrid_shard", 1)):
+        for n in (1, 2, 4):
+            if technique == "hybrid_shard" and n != 4:
+                continue
+            state = full if n == 1 or not share else full / (2 if technique == "hybrid_shard" else n)
+            runs[technique, n] = [{"param_bytes": state / 4, "grad_bytes": state / 4, "optim_bytes": state / 2,
+                                   "state_bytes": state, "step_time_s": 0.01 * n}]
+    space = {"runs": runs, "world_sizes": (1, 2, 4), "plt": plt, "REPO_ROOT": tmp_path}
+    exec(compile(source.replace("plt.show()", ""), "cell", "exec"), space)  # noqa: S102 (the notebook's own cell)
+    fig = space["fig"]
+    try:
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        renderer = fig.canvas.get_renderer()
+        boxes = [t.get_window_extent(renderer) for t in ax.texts if t.get_text().strip().startswith("N=")]
+        frame = ax.get_window_extent(renderer)
+        assert len(boxes) == len(runs)
+        height = boxes[0].height if boxes[0].height < boxes[0].width else boxes[0].width  # the text's line height
+        assert all(frame.y1 - b.y1 >= height for b in boxes), "a label sits on the top frame"
+        gaps = [max(b.x0 - a.x1, a.x0 - b.x1) for i, a in enumerate(boxes) for b in boxes[i + 1:]
+                if a.y0 < b.y1 and b.y0 < a.y1]  # side by side
+        assert min(gaps, default=height) >= height / 2, "two labels nearly touch"
+    finally:
+        plt.close("all")

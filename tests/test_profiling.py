@@ -415,3 +415,43 @@ def test_the_markdown_table_renders_and_several_reports_share_one_plot(tmp_path)
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert labels == ["a\nrank 0", "a\nrank 1 *", "b\nrank 0 *", "b\nrank 1"]
     assert (tmp_path / "both.png").stat().st_size > 0
+
+
+def test_in_a_notebook_the_table_is_rendered_once_not_printed_too(tmp_path, monkeypatch, capsys):
+    """The issue: lab 3's profiler cells printed the raw pipe table, then the next cell rendered it again."""
+    import IPython.display
+
+    write_traces(tmp_path / "algo-1", [synthetic_trace(0, 2, [100, 900])])
+    write_traces(tmp_path / "algo-2", [synthetic_trace(1, 2, [700, 100])])
+    report = report_from([tmp_path / "algo-1", tmp_path / "algo-2"], out_dir=tmp_path / "out")
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    monkeypatch.setattr(profiling, "in_notebook", lambda: True)
+    profiling._say(report, tmp_path / "out", echo=True)
+    [table] = shown
+    assert isinstance(table, IPython.display.Markdown) and table.data == report.table(markdown=True)
+    out = capsys.readouterr().out
+    assert report.table().splitlines()[1] not in out and out.startswith("Traces (open in https://ui.perfetto.dev)")
+    monkeypatch.setattr(profiling, "in_notebook", lambda: False)  # a terminal: printed, once
+    profiling._say(report, tmp_path / "out", echo=True)
+    assert capsys.readouterr().out.count(report.table().splitlines()[1]) == 1 and len(shown) == 1
+
+
+def test_collectives_per_step_counts_each_kind_and_the_whole_tensors():
+    """Lab 4's cell that counted FSDP's collectives from a trace (20 lines of parser in the notebook) is
+    `workshop.trace_report.collectives_per_step`."""
+    from workshop.trace_report import collectives_per_step
+
+    full, shard = 4000, 2000
+    events = []
+    for step in (4, 5):  # two profiled steps, each: 2 all-gathers, 1 reduce-scatter, the loss's all-reduce
+        t = 10_000.0 * step
+        events.append({"ph": "X", "name": f"ProfilerStep#{step}", "ts": t, "dur": 1000.0, "args": {}})
+        for i, (name, dims) in enumerate([("c10d::_allgather_base_", [[full], [shard]]),
+                                          ("c10d::_allgather_base_", [[full], [shard]]),
+                                          ("c10d::_reduce_scatter_base_", [[shard], [full]]),
+                                          ("c10d::allreduce_", [[[1]]])]):
+            events.append({"ph": "X", "name": name, "ts": t + 100 * (i + 1), "dur": 10.0, "args": {"Input Dims": dims}})
+    events.append({"ph": "X", "name": "c10d::allreduce_", "ts": 1.0, "dur": 1.0, "args": {"Input Dims": [[[9]]]}})  # outside
+    assert collectives_per_step({"traceEvents": events}) == {
+        "all-gather": (2, 2 * full), "reduce-scatter": (1, full), "all-reduce of a scalar (the logged loss)": (1, 1)}

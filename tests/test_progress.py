@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 
 import pytest
 
@@ -136,3 +137,74 @@ def test_a_failing_rank_is_reported_with_its_own_lines_without_verbose(tmp_path,
     assert "error: Rank 1 on algo-2 was killed by SIGKILL" in out.err
     assert "The injected fault: FAULT: killing rank 1 at step 8 (--fault kill-rank=1@step=8)" in out.err
     assert "[algo-2/1] FAULT: killing rank 1 at step 8" in out.err  # the rank's own last lines
+
+
+def test_while_the_job_starts_the_display_says_so_and_its_clock_moves(capsys):
+    """The issue: lab 1's bar stood at 0/300 for ~100 s, unchanged, while six TensorFlow processes started."""
+    clock = Clock()
+    progress = JobProgress("parameter-server", "step", 300, 3, live=True, clock=clock)  # tqdm on stderr here
+    progress.feed("", "[algo-2] [ps_driver] started worker 0 (pid 4242)")
+    assert progress.postfix() == ("starting: waiting for the first step (latest: [ps_driver] started worker 0 "
+                                  "(pid 4242)), 3/3 hosts up")
+    capsys.readouterr()
+    for _ in range(5):  # five seconds of the cluster's loop without a line: five redraws, the clock moving
+        clock.t += 0.25
+        progress.tick()
+        clock.t += 0.75
+        progress.tick()
+    redraws = capsys.readouterr().err.count("starting: waiting for the first step")
+    assert 5 <= redraws <= 6, redraws
+    progress.feed("0", "[algo-1/0] METRICS rank=0 step=1 train_loss=2.3")
+    assert "starting" not in progress.postfix()
+    progress.close()
+
+
+def test_an_interrupted_job_says_so_when_its_display_closes():
+    progress, out, clock = display()
+    progress.feed("0", "[algo-1/0] METRICS rank=0 epoch=1 step=5 train_loss=2.5")
+    clock.t += 3
+    progress.close(stopped=True)
+    assert out.getvalue() == "[progress] data-parallel: 0/3 epoch(s) in 3.0 s; step 5, loss 2.5, stopped by an interrupt\n"
+
+
+def test_a_first_run_says_it_loads_the_sdks_launchers_before_the_long_silent_import(monkeypatch, capsys):
+    """Lab 1's training cell sat 25 s with no output under load: `sagemaker.train.distributed`'s first import."""
+    import sys
+
+    from workshop import runner
+    from workshop.labs import get_lab
+
+    lab = get_lab("parameter_server")
+
+    class Imported(Exception):
+        pass
+
+    def config(*args, **kwargs):
+        raise Imported  # where the import would happen: nothing starts in this test
+    monkeypatch.setattr(type(lab), "distributed_config", lambda self, *a, **k: config())
+    monkeypatch.delitem(sys.modules, runner.SDK_LAUNCHERS, raising=False)
+    monkeypatch.setattr(runner, "live_display", lambda: False)  # a log (CI, the CLI in a pipe): its few lines only
+    with pytest.raises(Imported):
+        runner.run_local(lab)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(runner, "live_display", lambda: True)  # a notebook, a terminal
+    with pytest.raises(Imported):
+        runner.run_local(lab)
+    assert "loading the SageMaker SDK's launcher configs" in capsys.readouterr().out
+    monkeypatch.setitem(sys.modules, runner.SDK_LAUNCHERS, object())  # already loaded: nothing to say
+    with pytest.raises(Imported):
+        runner.run_local(lab)
+    assert capsys.readouterr().out == ""
+
+
+def test_still_says_a_silent_wait_goes_on_every_few_seconds_until_it_ends():
+    from workshop.runtime.progress import still
+
+    said = []
+    with pytest.raises(ZeroDivisionError), still("measuring N=2", every_s=0.2, echo=said.append):
+        time.sleep(0.7)
+        raise ZeroDivisionError  # however it ends, the lines stop
+    count = len(said)
+    time.sleep(0.5)
+    assert 2 <= count <= 4 and len(said) == count, said
+    assert said[0] == "  still measuring N=2: 0 s"

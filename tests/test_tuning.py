@@ -421,3 +421,23 @@ def test_a_local_search_says_which_trials_are_still_running_while_none_ends(tmp_
                                for line in lines[1:-2]), lines
     assert lines[-2].startswith("trial 1/1 FAILED")  # it left no result: the search says so, and goes on
     assert lines[-1].startswith("  its logs:")
+
+
+def test_a_live_search_is_one_display_of_trials_done_running_and_the_best(capsys):
+    """The issue: lab 3's two searches printed 84 `[tune]` lines in the notebook; now one display each."""
+    from workshop.labs import get_lab
+    from workshop.search import Objective
+    from workshop.tuning import SearchProgress, Trial
+
+    now = [100.0]
+    objective = Objective.parse(get_lab("data_parallel"), None)
+    progress = SearchProgress(6, objective, clock=lambda: now[0])  # tqdm, on stderr here
+    first, second, third = (Trial(i, {"lr": lr}) for i, lr in ((1, "0.0125"), (2, "0.025"), (3, "0.05")))
+    assert progress.postfix([(first, 95.0), (second, 99.0)], []) == "running: trial 1 (lr=0.0125) 5 s, trial 2 (lr=0.025) 1 s"
+    first.status, first.metric = "ok", 0.91
+    second.status, second.metric = "ok", 0.95
+    third.status, third.failure = "failed", "rank 1 died"
+    progress.update([], [first, second, third])
+    assert "3/6 trials" in capsys.readouterr().err
+    assert progress.postfix([], [first, second, third]) == f"no trial running; best {objective.metric} 0.9500; 1 failed"
+    progress.close()

@@ -38,7 +38,7 @@ from typing import Any
 
 from workshop.errors import WorkshopError
 from workshop.labs import LABS, Lab, get_labs
-from workshop.runtime.processes import Terminated, sigterm_as_interrupt
+from workshop.runtime.processes import Stopped, Terminated, sigterm_as_interrupt
 from workshop.runtime.progress import STALL_S
 from workshop.spec import given_as
 
@@ -520,7 +520,9 @@ def _command(args: argparse.Namespace) -> int:
     except Terminated:
         print("Stopped by SIGTERM; every process the workshop started has been stopped.", file=sys.stderr)
         return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Stopped):  # a local job's own line: how many processes, where its logs are
+            print(exc, file=sys.stderr)
         print("Interrupted; every process the workshop started has been stopped.", file=sys.stderr)
         return 130
 

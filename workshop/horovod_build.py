@@ -42,6 +42,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -537,6 +538,38 @@ def build(echo: Callable[[str], None] = print) -> Status:
     elif status.log:
         echo(f"--- the last lines of {status.log} ---\n{log_tail(Path(status.log)).rstrip()}\n---\n{status.line()}")
     return status
+
+
+def check_build(horovodrun: str | None = None, echo: Callable[[str], None] = print,
+                every_s: float = 10.0) -> dict[str, bool]:
+    """`horovodrun --check-build`: what this Horovod was built with ({"PyTorch": True, "Gloo": True, ...}).
+
+    It imports PyTorch and TensorFlow to see what Horovod can load, and prints nothing until it is done
+    (20 s to 2 minutes on 2 cores, with the machine's load): so a line every `every_s` seconds says it is
+    still checking; then its own list. A failure raises with the end of what it wrote to stderr."""
+    horovodrun = horovodrun or shutil.which("horovodrun") or str(Path(sys.executable).parent / "horovodrun")
+    echo("running `horovodrun --check-build`: it imports PyTorch and TensorFlow to see what Horovod can load "
+         f"(20 s to 2 minutes on 2 cores); a line every {every_s:g} s until its list follows ...")
+    started = _now()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        check = subprocess.Popen([horovodrun, "--check-build"], stdout=out, stderr=err, text=True)
+        try:
+            while check.poll() is None:
+                try:
+                    check.wait(timeout=every_s)
+                except subprocess.TimeoutExpired:
+                    echo(f"  still checking: {_now() - started:.0f} s (importing PyTorch and TensorFlow)")
+        finally:  # an interrupt leaves nothing running
+            if check.poll() is None:
+                check.kill()
+                check.wait()
+        out.seek(0)
+        err.seek(0)
+        text, errors = out.read(), err.read()
+    if check.returncode != 0:
+        raise RuntimeError(f"horovodrun --check-build failed (exit status {check.returncode}):\n{errors[-3000:]}")
+    echo(text.rstrip() + f"\n(took {_now() - started:.0f} s)")
+    return {line.split("]", 1)[1].strip(): "[X]" in line for line in text.splitlines() if "] " in line}
 
 
 # --------------------------------------------------------------------------- a room's wheelhouse

@@ -122,9 +122,13 @@ def plot_per_rank(records: list[dict[str, Any]], panels: list[tuple[str, str]], 
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (x, y) in zip(axes[0], panels, strict=True):
+        points: set[Any] = set()
         for rank, (xs, ys) in sorted(series(records, y, x).items()):
             ax.plot(xs, ys, marker="o" if len(xs) < 20 else None, label=(labels or {}).get(rank, f"rank {rank}"))
-        if x in ("epoch", "step"):
+            points.update(xs)
+        if x in ("epoch", "step") and 0 < len(points) < 20:  # few points, each marked: a tick under each one
+            ax.set_xticks(sorted(points))
+        elif x in ("epoch", "step"):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(x)
         ax.set_ylabel(y)

@@ -25,7 +25,7 @@ from workshop.errors import WorkshopError
 from workshop.labs import get_lab
 from workshop.runner import run_local, run_on_sagemaker
 from workshop.runtime.local_cluster import DEFAULT_RUNS_DIR, ClusterResult
-from workshop.runtime.progress import STALL_S
+from workshop.runtime.progress import STALL_S, in_notebook
 from workshop.spec import Lab, given_as
 from workshop.trace_report import ProfileReport
 
@@ -99,6 +99,7 @@ def profile(
     verbose: bool = False,
     stall_s: float | None = STALL_S,
     confirm_cost: Any = False,
+    title: str | None = None,
     **sagemaker_fields: Any,
 ) -> ProfileReport:
     """Run `lab` with its script's profiler on every rank for `steps` steps (after its warm-up), then
@@ -114,6 +115,9 @@ def profile(
     with `confirm_cost` and any of its other fields, e.g. `instance_type`); each rank's trace lands in
     its host's /opt/ml/output/data, SageMaker uploads every host's in one output.tar.gz, and the
     report is built from that archive, downloaded into `runs_dir/<job>/output/`.
+
+    `title`: the report's heading (default: the lab and the layout), e.g. to tell apart two runs of one
+    layout. With `echo`, the table is printed, or in a notebook displayed once, rendered as a table.
     """
     if isinstance(lab, str):
         lab = get_lab(lab)
@@ -127,13 +131,14 @@ def profile(
     with given_as({lab.profile_flag: "--steps N"}):  # the script's checks name its flag; the user wrote --steps
         if mode == "sagemaker":
             return _profile_on_sagemaker(lab, hosts=hosts, procs_per_host=procs_per_host, hps=hps, data_dir=data_dir,
-                                         runs_dir=runs_dir, echo=echo, confirm_cost=confirm_cost, **sagemaker_fields)
+                                         runs_dir=runs_dir, echo=echo, confirm_cost=confirm_cost, title=title,
+                                         **sagemaker_fields)
         result: ClusterResult = run_local(lab, hosts=hosts, procs_per_host=procs_per_host, hyperparameters=hps,
                                           data_dir=data_dir, runs_dir=runs_dir, echo=echo, verbose=verbose,
                                           stall_s=stall_s)
     layout = f"{len(result.hosts)} host(s), {result.world_size} rank(s)"
     report = report_from([h.output_data_dir for h in result.hosts], out_dir=result.workdir / "profile",
-                         title=f"{lab.label}, {layout}")
+                         title=title or f"{lab.label}, {layout}")
     report.run = result
     _say(report, result.workdir / "profile", echo)
     return report
@@ -141,7 +146,7 @@ def profile(
 
 def _profile_on_sagemaker(lab: Lab, *, hosts: int | None, procs_per_host: int | None, hps: dict[str, Any],
                           data_dir: str | Path | None, runs_dir: str | Path | None, echo: bool,
-                          confirm_cost: Any, **fields: Any) -> ProfileReport:
+                          confirm_cost: Any, title: str | None = None, **fields: Any) -> ProfileReport:
     # hosts / procs_per_host None: the lab's route's defaults (plan_job resolves them)
     job = run_on_sagemaker(lab, hosts=hosts, procs_per_host=procs_per_host, hyperparameters=hps,
                            data_dir=data_dir, confirm_cost=confirm_cost, **fields)
@@ -150,13 +155,19 @@ def _profile_on_sagemaker(lab: Lab, *, hosts: int | None, procs_per_host: int | 
                             f"read its logs ({job.console_url}); fix what they say and profile again.")
     folder = Path(runs_dir) if runs_dir else DEFAULT_RUNS_DIR
     output = job.download_output(folder / job.job_name / "output")
-    report = report_from(output, out_dir=folder / job.job_name / "profile", title=f"{lab.label}, SageMaker job {job.job_name}")
+    report = report_from(output, out_dir=folder / job.job_name / "profile", title=title or f"{lab.label}, SageMaker job {job.job_name}")
     report.run = job
     _say(report, folder / job.job_name / "profile", echo)
     return report
 
 
 def _say(report: ProfileReport, out: Path, echo: bool) -> None:
-    if echo:
+    if not echo:
+        return
+    if in_notebook():  # rendered once, as a table: not printed as text and then rendered again by the cell
+        from IPython.display import Markdown, display
+
+        display(Markdown(report.table(markdown=True)))
+    else:
         print(report.table(), flush=True)
-        print(f"Traces (open in https://ui.perfetto.dev): {out / 'traces'}; plot: {report.png}", flush=True)
+    print(f"Traces (open in https://ui.perfetto.dev): {out / 'traces'}; plot: {report.png}", flush=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +55,11 @@ from workshop.jobs.tuning import (
 )
 from workshop.labs import get_lab
 from workshop.runtime.local_cluster import ClusterResult, LocalCluster
-from workshop.runtime.progress import STALL_S
+from workshop.runtime.progress import STALL_S, live_display, still
 from workshop.search import Objective, SearchSpace
 from workshop.spec import Lab
+
+SDK_LAUNCHERS = "sagemaker.train.distributed"  # what `Lab.distributed_config` imports (Torchrun, MPI, ...)
 
 
 def run_local(
@@ -91,6 +94,13 @@ def run_local(
     """
     hosts = lab.local_hosts if hosts is None else hosts
     procs_per_host = lab.local_procs_per_host if procs_per_host is None else procs_per_host
+    # The launcher's config is the SDK's: a long, silent first import. Said where someone watches (a notebook,
+    # a terminal); a log (CI, a pipe) keeps its few lines.
+    if echo and SDK_LAUNCHERS not in sys.modules and live_display():
+        print(f"{lab.label}: loading the SageMaker SDK's launcher configs, once per Python process "
+              "(5 s on an idle 2-core machine, up to a minute on a busy one) ...", flush=True)
+        with still("loading the SageMaker SDK"):
+            lab.distributed_config(procs_per_host, max_restarts=max_restarts)  # the import, with a line every 10 s
     cluster = LocalCluster(  # checks hosts and procs_per_host
         lab.source_dir,
         lab.entry_script,

@@ -294,6 +294,31 @@ def analyze(trace: Mapping[str, Any], rank: int | None = None, path: Path | None
                      tuple(int(c) for c in extra.get("cpus") or ()), extra.get("machine"))
 
 
+def collectives_per_step(trace: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+    """{collective: (calls, elements of the whole tensors)} per profiled step of one rank's trace (`load_trace`):
+    each c10d op inside a `ProfilerStep#N`, named "all-gather", "reduce-scatter" or "all-reduce" (or its own
+    name), and "... of a scalar (the logged loss)" when it moves one element. An all-gather's output and a
+    reduce-scatter's input are the larger of an op's first two tensors: the whole tensor either way."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e and "ts" in e]
+    steps = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+             if str(e.get("name", "")).startswith(STEP_PREFIX)]
+    calls: dict[str, int] = {}
+    elements: dict[str, int] = {}
+    for e in events:
+        name = str(e.get("name", ""))
+        if not name.startswith("c10d::") or not any(t0 <= float(e["ts"]) < t1 for t0, t1 in steps):
+            continue
+        tensors = [d if d and isinstance(d[0], list) else [d] for d in (e.get("args", {}).get("Input Dims") or [])[:2]]
+        size = max((sum(math.prod(shape) for shape in t) for t in tensors), default=0)
+        op = name.replace("_", "")
+        kind = ("all-gather" if "allgather" in op else "reduce-scatter" if "reducescatter" in op
+                else "all-reduce" if "allreduce" in op else name)
+        kind += " of a scalar (the logged loss)" if size <= 1 else ""
+        calls[kind] = calls.get(kind, 0) + 1
+        elements[kind] = elements.get(kind, 0) + size
+    return {kind: (calls[kind] / len(steps), elements[kind] / len(steps)) for kind in calls}
+
+
 @dataclass(frozen=True)
 class MachineView:
     """One machine's ranks together: the CPU time their training threads used per step against the

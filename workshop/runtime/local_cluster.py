@@ -106,7 +106,14 @@ from workshop.runtime.folders import (
     remove_half_written,
     size_of,
 )
-from workshop.runtime.processes import MARKER, PARENT_ENV, DeferredInterrupt, processes_with_marker
+from workshop.runtime.processes import (
+    MARKER,
+    PARENT_ENV,
+    DeferredInterrupt,
+    Stopped,
+    Terminated,
+    processes_with_marker,
+)
 from workshop.runtime.progress import STALL_S, JobProgress, progress_total
 
 DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
@@ -989,6 +996,13 @@ class LocalCluster:
             runner = _Run(self, hosts, envs, commands, workdir, cluster_id, timeout_s, container, display)
             try:
                 returncode, failure, lines = runner.run()
+            except Terminated:  # SIGTERM: the command line says so itself
+                raise
+            except KeyboardInterrupt:  # Ctrl-C, a notebook's interrupt: every process is stopped by now
+                if display is not None:
+                    display.close(stopped=True)
+                raise Stopped(f"stopped: {runner.stopped_processes} processes ended; "
+                              f"logs in {workdir / 'logs'}") from None
             finally:
                 if display is not None:
                     display.close()
@@ -1048,6 +1062,7 @@ class _Run:
         self.disk_full: str | None = None  # the line that says a log could not be written for a full disk
         self.log_errors: set[Path] = set()  # logs given up for another error (said once each)
         self.started_at = time.time()  # what the run wrote is newer than this
+        self.stopped_processes = 0  # how many of the job's processes the stop ended (`_stop_all`)
 
     def _start(self) -> None:
         """Start every host; a Ctrl-C meanwhile stops the start between two hosts.
@@ -1246,6 +1261,7 @@ class _Run:
                     codes = [p.poll() for p in self.procs]
                     if self.display is not None:
                         self.display.set_hosts_up(sum(code is None for code in codes))
+                        self.display.tick()  # its clock moves while no rank writes (a start, a long step)
                     failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
                     if failed:
                         # Before anything is stopped: a rank that stopped answering is still there to see.
@@ -1615,6 +1631,7 @@ class _Run:
                 except (ProcessLookupError, PermissionError):
                     pass
         found = descendants + processes_with_marker(self.cluster_id)
+        self.stopped_processes = len({p.pid for p in live} | {p.pid for p in found})
         for _ in range(20):
             if not found:  # nothing left (a job that ended on its own, typically): no second look needed
                 break

@@ -56,6 +56,16 @@ class Terminated(KeyboardInterrupt):
     what the process started; catching this first tells the two apart (exit status 143, not 130)."""
 
 
+class Stopped(KeyboardInterrupt):
+    """A local job stopped by Ctrl-C (a notebook's interrupt), every process of it ended: its message is
+    the one line that says so ("stopped: N processes ended; logs in ..."). IPython shows an exception's
+    `_render_traceback_()` in place of its traceback, so a notebook shows that line, not the ~45 lines
+    of the workshop's own frames the interrupt went through; an `except KeyboardInterrupt` still stops on it."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
+
+
 def _terminated(signum: int, frame: Any) -> None:  # noqa: ARG001
     raise Terminated(f"stopped by {signal.Signals(signum).name}")
 

@@ -10,6 +10,10 @@ the local cluster relays each line and shows one display per job:
 - anywhere else (a pipe, CI's log, a test capturing output) nothing redraws: one line when the job
   ends, and one a minute while it runs, so a log stays short but a long job is seen to be alive.
 
+Until rank 0's first step the display says the job is starting and shows the last line any process
+wrote (a parameter server's six TensorFlow processes take a minute or more to start); a live display is
+redrawn every second, so its clock moves even while nothing is written. Interrupted, it says so.
+
 The full logs are in the run's folder, whose path the cluster prints; `verbose=True` (CLI:
 `--verbose`) streams every line as before instead. A failure is reported as before (the failing
 rank and its traceback), after the display is closed. A job whose ranks have all gone silent (the
@@ -19,9 +23,12 @@ its own, each rank's last line with them, until it recovers or ends.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from workshop import metrics
@@ -29,19 +36,44 @@ from workshop import metrics
 # torchrun's agent when a rank ends badly; the labs' scripts when they resume after a restart.
 _RANK_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+")
 HEARTBEAT_S = 60.0  # not live: a line this often while the job runs
+TICK_S = 1.0  # live: the display is redrawn at least this often, so its clock moves while no rank writes
 STALL_S = 120.0  # no line from any rank for this long: the job stalls (LocalCluster's stall_s)
+
+
+@contextlib.contextmanager
+def still(what: str, every_s: float = 10.0, echo: Callable[[str], None] = print) -> Iterator[None]:
+    """Around a wait that prints nothing of its own (an import, a measurement): a line every `every_s`
+    seconds, `  still {what}: N s`, from a thread of its own, until the block ends (however it ends)."""
+    done = threading.Event()
+    t0 = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every_s):
+            echo(f"  still {what}: {time.monotonic() - t0:.0f} s")
+
+    ticker = threading.Thread(target=tick, name="workshop-still", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+
+
+def in_notebook() -> bool:
+    """Whether this runs in a Jupyter kernel (a notebook): there a table is displayed, rendered, not printed."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def live_display(stream: TextIO | None = None) -> bool:
     """Whether a display can be redrawn here: a Jupyter kernel (tqdm's widget) or a terminal."""
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        if shell is not None and getattr(shell, "kernel", None) is not None:
-            return True
-    except ImportError:
-        pass
+    if in_notebook():
+        return True
     stream = stream or sys.stderr
     return bool(getattr(stream, "isatty", lambda: False)())
 
@@ -81,6 +113,9 @@ class JobProgress:
         self.quiet_s: float | None = None  # while the job stalls: how long no rank has written a line
         self._epochs_done: set[int] = set()
         self._closed = False
+        self._stopped = False  # closed by an interrupt
+        self._latest = ""  # while the job starts: the last line any of its processes wrote
+        self._drawn_t = self.t0  # when the live display was last redrawn
         self._deaths_seen_at_restart = 0  # rank failures the last restart answered
         self._bar = None
         if self.live:
@@ -95,6 +130,8 @@ class JobProgress:
     def feed(self, rank: str, line: str) -> None:
         """One relayed line (`[host/rank] text`); `rank` is "" for a host's own (launcher) lines."""
         text = line.split("] ", 1)[-1]
+        if self.step is None and text.strip():
+            self._latest = text.strip()
         if not rank:
             if _RANK_FAILED.search(text):
                 self.rank_deaths += 1
@@ -132,8 +169,18 @@ class JobProgress:
 
     # ------------------------------------------------------------------ output
 
+    def tick(self) -> None:
+        """Called often (the cluster's loop): redraw a live display once a second even when no line came,
+        so its clock moves while the processes start (lab 1: six TensorFlow processes, a minute or more)
+        and through a long step; off a terminal, the minute's line comes even from a silent job."""
+        if self._bar is None or self.clock() - self._drawn_t >= TICK_S:
+            self._refresh()
+
     def postfix(self) -> str:
         parts = []
+        if self.step is None and not self._closed:  # no step yet: say what the wait is
+            latest = self._latest if len(self._latest) <= 60 else self._latest[:57] + "..."
+            parts.append("starting: waiting for the first step" + (f" (latest: {latest})" if latest else ""))
         if self.unit != "step" and self.step is not None:
             parts.append(f"step {self.step}")
         if self.loss is not None:
@@ -152,6 +199,8 @@ class JobProgress:
             parts.append(f"stalled: no line for {self.quiet_s:.0f} s")
         if self.restarts:
             parts.append(f"{self.restarts} restart(s)")
+        if self._stopped:
+            parts.append("stopped by an interrupt")
         return ", ".join(parts)
 
     def summary(self) -> str:
@@ -187,17 +236,20 @@ class JobProgress:
 
     def _refresh(self) -> None:
         if self._bar is not None:
+            self._drawn_t = self.clock()
             self._bar.set_postfix_str(self.postfix(), refresh=False)
             self._bar.refresh()
         elif self.clock() - self.last_line_t >= HEARTBEAT_S:
             self.last_line_t = self.clock()
             print(self.summary(), file=self.stream, flush=True)
 
-    def close(self) -> None:
-        """End the display: the bar stays as it ended (live), or its one line is printed."""
+    def close(self, stopped: bool = False) -> None:
+        """End the display: the bar stays as it ended (live), or its one line is printed. `stopped`: the job
+        was interrupted (Ctrl-C, a notebook's interrupt), and the display says so rather than stay as it was."""
         if self._closed:
             return
         self._closed = True
+        self._stopped = stopped
         if self._bar is not None:
             self._bar.set_postfix_str(self.postfix(), refresh=False)
             self._bar.close()

@@ -60,20 +60,6 @@ def test_runs_under_torchrun(tmp_path, channels):
 
 
 @pytest.mark.slow
-def test_two_hosts_reach_the_accuracy_bar_with_identical_weights(tmp_path, channels):
-    """The lab's local default (2 simulated hosts x 1 process, 3 epochs): the notebook's claim."""
-    result = run_local(LAB, workdir=tmp_path / "run", data_dir=channels["train"].parent, echo=False)
-    assert result.metric("final_test_accuracy") >= 0.90
-    assert result.metric("weights_identical") == 1
-    digests = result.per_rank("weights_sha256")
-    assert sorted(digests) == [0, 1] and len(set(digests.values())) == 1
-    assert (result.model_dir / "model.pt").is_file()
-    assert not (result.hosts[1].model_dir / "model.pt").exists()  # only rank 0 writes the model
-    epochs = [r for r in result.records if "test_accuracy" in r]
-    assert [r["epoch"] for r in epochs] == [1, 2, 3]
-
-
-@pytest.mark.slow
 def test_one_host_two_processes(tmp_path, channels):
     result = run_local(LAB, hosts=1, procs_per_host=2, hyperparameters=QUICK,
                        workdir=tmp_path / "run", data_dir=channels["train"].parent, echo=False)
@@ -91,17 +77,6 @@ def test_resumes_from_its_checkpoint(tmp_path, channels):
     second = run_local(LAB, hyperparameters={**QUICK, "epochs": 2}, workdir=tmp_path / "b", **common)
     assert any("Resumed from" in line and "after epoch 1" in line for line in second.lines)
     assert [r["epoch"] for r in second.records if "test_accuracy" in r] == [2]
-
-
-@pytest.mark.slow
-def test_every_rank_exits_zero_ten_times_in_a_row(tmp_path, channels):
-    """A gloo group torn down out of step aborts a rank at exit (SIGABRT); it must never happen."""
-    for attempt in range(10):
-        result = run_local(LAB, hosts=2, procs_per_host=1, hyperparameters={"epochs": 1, "max-steps": 2},
-                           workdir=tmp_path / f"run{attempt}", data_dir=channels["train"].parent,
-                           echo=False, check=False)
-        assert result.ok, f"attempt {attempt}: {result.failure}"
-        assert [h.returncode for h in result.hosts] == [0, 0]
 
 
 @pytest.mark.parametrize(

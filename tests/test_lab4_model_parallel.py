@@ -1,4 +1,7 @@
-"""Lab 4: sharded state per rank, checkpointing, equal losses, TP/PP, bad input, the SageMaker request."""
+"""Lab 4: sharded state at world size 4, SMP settings, bad input, the SageMaker request.
+
+The notebook (4_model_parallel/model_parallel.ipynb, run by nbval) checks the sharded state per rank
+at N = 1, 2, 4, activation checkpointing and offloading, equal losses, and tensor/pipeline parallelism."""
 
 from __future__ import annotations
 
@@ -39,33 +42,6 @@ def accounting(stdout: str) -> dict:
     return next(r for r in metrics.parse_lines(stdout.splitlines()) if "state_bytes" in r)
 
 
-@pytest.fixture(scope="module")
-def world2(corpus, tmp_path_factory):
-    """The same 3 steps at world size 2: no sharding, and full sharding."""
-    out = {}
-    for sharding in ("no_shard", "full_shard"):
-        out[sharding] = measure(sharding, 2, steps=3, data_dir=corpus.root,
-                                workdir=tmp_path_factory.mktemp(sharding))
-    return out
-
-
-@pytest.mark.slow
-def test_sharded_state_per_rank_is_within_10_percent_of_one_half(world2):
-    for row in world2["full_shard"]:
-        assert row["shard_group"] == 2
-        assert abs(row["state_bytes"] / (row["full_state_bytes"] / 2) - 1) < 0.10, row
-        assert row["param_bytes"] * 2 == sum(r["param_bytes"] for r in world2["no_shard"]) / 2
-    for row in world2["no_shard"]:
-        assert row["state_bytes"] == row["full_state_bytes"]  # DDP: every rank holds everything
-
-
-@pytest.mark.slow
-def test_sharded_training_reaches_the_unsharded_loss(world2):
-    a, b = world2["no_shard"][0], world2["full_shard"][0]
-    assert a["final_train_loss"] == pytest.approx(b["final_train_loss"], abs=1e-4)
-    assert a["test_loss"] == pytest.approx(b["test_loss"], abs=1e-4)
-
-
 @pytest.mark.slow
 def test_world_size_four_full_and_hybrid(corpus, tmp_path):
     full = measure("full_shard", 4, steps=2, data_dir=corpus.root, workdir=tmp_path / "full")
@@ -80,20 +56,9 @@ def test_world_size_four_full_and_hybrid(corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_checkpointing_keeps_only_block_inputs(corpus, tmp_path):
-    plain = accounting(run_script([sys.executable], tmp_path, corpus, {"steps": 2}).stdout)
-    ckpt = accounting(run_script([sys.executable], tmp_path, corpus,
-                                 {"steps": 2, "activation-checkpointing": "true"}).stdout)
-    assert ckpt["saved_act_bytes"] < plain["saved_act_bytes"]
-    assert ckpt["saved_act_block_bytes"] == ckpt["block_input_bytes"]  # layers x batch x seq x d x 4 bytes
-    assert plain["saved_act_block_bytes"] > 5 * plain["block_input_bytes"]
-
-
-@pytest.mark.slow
-def test_offloading_simulated_moves_saved_bytes_and_cpu_mode_explains(corpus, tmp_path):
-    proc = run_script([sys.executable], tmp_path, corpus, {"steps": 2, "activation-offloading": "simulate"})
-    assert proc.returncode == 0, proc.stderr
-    assert accounting(proc.stdout)["offloaded_bytes"] >= accounting(proc.stdout)["saved_act_bytes"]
+def test_offloading_to_cpu_without_a_gpu_explains(corpus, tmp_path):
+    """The simulated offloading's numbers are checked in the notebook (model_parallel.ipynb); here the
+    GPU-only mode refuses, and names the way out, on a machine without one."""
     proc = run_script([sys.executable], tmp_path, corpus, {"steps": 2, "activation-offloading": "cpu"})
     assert proc.returncode != 0
     assert "needs a GPU" in proc.stderr and "already" in proc.stderr and "simulate" in proc.stderr
@@ -107,17 +72,6 @@ def test_smp_settings_without_the_library_run_with_plain_pytorch(corpus, tmp_pat
     assert "plain PyTorch applies the same SMP settings" in proc.stdout
     assert "simulate mode" in proc.stdout
     assert accounting(proc.stdout)["checkpointing"] == 1
-
-
-@pytest.mark.slow
-def test_tensor_and_pipeline_parallel_match_one_process(tmp_path):
-    proc = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2",
-                           str(LAB.source_dir / "tp_pp_demo.py")], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    record = metrics.last(metrics.parse_lines(proc.stdout.splitlines()), "match")
-    assert record == 1
-    assert "this rank holds (64, 32)" in proc.stdout
 
 
 @pytest.mark.slow

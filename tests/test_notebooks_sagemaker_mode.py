@@ -36,6 +36,8 @@ NOTEBOOKS = sorted(REPO.glob("[0-9]_*/*.ipynb"))
 KERNEL_NAME = "workshop-fake-sagemaker-test"
 CELL_TIMEOUT_S = 900
 # Extra parameter values per notebook ("<folder>/<notebook stem>" -> code), e.g. smaller sizes for slow labs.
+# Cells that do only local work run in both modes and are checked in local mode (nbval) already: here
+# they shrink to what the cells after them need, or are skipped through the notebook's own parameter.
 OVERRIDES: dict[str, str] = {
     # The traffic check is local in both modes and is checked in local mode already: keep it short.
     "2_horovod/horovod": "traffic_ranks = (2,)\ntraffic_mib = 16\n",
@@ -43,13 +45,20 @@ OVERRIDES: dict[str, str] = {
     # with a tiny model and few steps; the grid of measurements shrinks to N = 1, 2. Both routes run:
     # the default (plain FSDP) and the opt-in SMP route, so that no cell goes unexecuted.
     # Spot jobs on the fake are reclaimed once (after their first checkpoint) and restarted from S3.
-    "3_data_parallel/fault_tolerance": "import fake_sagemaker\nfake_sagemaker.active().spot_interruptions = 1\n",
+    # The local interval sweep shrinks to part 1's run (the reference and the faulted run stay: the checks
+    # use them), and lab 4's resharding (2 local runs) is skipped.
+    "3_data_parallel/fault_tolerance": (
+        "import fake_sagemaker\nfake_sagemaker.active().spot_interruptions = 1\n"
+        "intervals = (checkpoint_every,)\n"
+        "lab4_reshard = False\n"
+    ),
     "4_model_parallel/model_parallel": (
         'sagemaker_routes = ("fsdp", "smp")\n'
         "allow_unsupported_image = True\n"
         "smp_hybrid_shard_degree = 2\n"
         'job_model = {"layers": 2, "d-model": 64, "heads": 4, "seq-len": 32, "batch-size": 16, "steps": 40}\n'
         "world_sizes = (1, 2)\n"
+        "tp_pp_demo = False\n"  # a local 2-process torchrun, checked in local mode
     ),
 }
 # Lines each notebook's sagemaker run must print, on top of the checks every notebook gets.

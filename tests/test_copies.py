@@ -238,9 +238,12 @@ def test_the_copies_check_fails_on_a_drift(tmp_path):
 
 
 def contract_flags(path: str) -> dict[str, tuple[str, str]]:
-    """`--flag` -> (SM_* variable, local default) for each `add_argument("--flag", default=env("SM_...", "..."))`."""
+    """`--flag` -> (SM_* variable, local default) for each `add_argument("--flag", default=env("SM_...", "..."))`
+    in the script or a module beside it that is not a script (its parser may live in, e.g., `arguments.py`)."""
     out = {}
-    for node in ast.walk(ast.parse((REPO_ROOT / path).read_text())):
+    beside = sorted(p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / path).parent.glob("*.py"))
+    modules = [path] + [m for m in beside if m != path and not is_script(m)]
+    for node in (n for m in modules for n in ast.walk(ast.parse((REPO_ROOT / m).read_text()))):
         if not (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument" and node.args):
             continue
         default = next((k.value for k in node.keywords if k.arg == "default"), None)

@@ -331,7 +331,7 @@ def test_a_fault_on_another_host_reaches_rank_0_through_the_agents_store(script,
         monkeypatch.setenv(key, value)
     dying, survivor = tmp_path / "algo-2", tmp_path / "algo-1"
     killed = []
-    monkeypatch.setattr(script.os, "kill", lambda pid, sig: killed.append(sig))
+    monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append(sig))  # the one os module, wherever inject_fault lives
     script.inject_fault((1, 18), 1, 18, dying, "kill-rank=1@step=18", 0)
     assert killed == [signal.SIGKILL] and (dying / "fault.json").is_file() and not survivor.exists()
     script.write_progress(survivor, 16, 0)

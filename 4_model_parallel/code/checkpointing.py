@@ -9,7 +9,15 @@ default, --checkpoint-every 0, writes no checkpoint, so the measurements stay fr
 On several hosts, every rank must see the same checkpoint folder (a shared file system, as the local
 cluster's is) for a restart within the job to find every shard.
 
-<checkpoint-dir>/step-<N>/: one torch.distributed.checkpoint (DCP) folder per checkpoint, each rank's\nshard in its own file plus DCP's `.metadata`, rank 0's `meta.pt` (step, RNG, model shape), and\n`checksums.json` (each file's size and SHA-256). Written as step-<N>.partial/ and renamed by rank 0\nonce every rank's shard is in and summed; then `latest` (the folder's name) is replaced atomically.\nA checkpoint is complete iff its folder has no `.partial` suffix and holds `.metadata` and `meta.pt`:\na crash at any moment leaves the previous one loadable. It is intact iff every file matches its\nchecksum: a damaged one (a bad disk, a bad copy: DCP and torch.load check no checksum of their own)\nis reported and passed over for an older intact one. DCP reshards on load, so a checkpoint written
+<checkpoint-dir>/step-<N>/: one torch.distributed.checkpoint (DCP) folder per checkpoint, each rank's
+shard in its own file plus DCP's `.metadata`, rank 0's `meta.pt` (step, RNG, model shape), and
+`checksums.json` (each file's size and SHA-256). Written as step-<N>.partial/ and renamed by rank 0
+once every rank's shard is in and summed; then `latest` (the folder's name) is replaced atomically.
+A checkpoint is complete iff its folder has no `.partial` suffix and holds `.metadata` and `meta.pt`:
+a crash at any moment leaves the previous one loadable. It is intact iff every file matches its
+checksum: a damaged one (a bad disk, a bad copy: DCP and torch.load check no checksum of their own)
+is reported and passed over for an older intact one. DCP reshards on load, so a checkpoint written
+by N ranks loads on M.
 
 A module beside train.py in the job's code/ folder. The definitions marked `Shared copy` are copies of
 other labs' (tests/test_copies.py keeps them identical).

@@ -7,8 +7,8 @@ step's checkpoint, if one is due), on the first attempt only. The resumed run pr
 `resumed from <checkpoint> at step <N> (restart <k>)` and, after its first step,
 `METRICS ... resumed_step=N lost_steps=L recover_s=S`.
 
-A module beside train.py in the job's code/ folder; each definition is a copy of lab 3's
-(tests/test_copies.py keeps them identical).
+A module beside train.py in the job's code/ folder. The definitions marked `Shared copy` are copies of
+lab 3's (tests/test_copies.py keeps them identical); `Restarts`, the training loop's side of them, is this lab's.
 """
 
 from __future__ import annotations

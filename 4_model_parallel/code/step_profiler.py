@@ -1,6 +1,6 @@
-"""--profile-steps: torch.profiler on every rank, one Chrome/Perfetto trace per rank (the same as lab 3's).
+"""--profile-steps: torch.profiler on every rank, one Chrome/Perfetto trace per rank (workshop.profiling).
 
-A module beside train.py in the job's code/ folder; its definitions are copies of lab 3's
+A module beside train.py in the job's code/ folder; its definitions are copies of labs 2 and 3's
 (tests/test_copies.py keeps them identical).
 """
 

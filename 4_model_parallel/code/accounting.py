@@ -1,0 +1,118 @@
+"""What each rank holds, measured exactly: bytes of parameters, gradients and optimizer state (from the local
+shards of FSDP2's DTensors), and bytes of activations saved for backward (counted by a
+`torch.autograd.graph.saved_tensors_hooks` pair, one count per storage), printed as a `METRICS` line.
+
+A module beside train.py in the job's code/ folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn as nn
+
+from contract import metrics
+
+REGION = ["outside"]  # where the forward pass is, for the activation accounting ("block" or "outside"; GPT sets it)
+
+def local_bytes(t: torch.Tensor | None) -> int:
+    """Bytes this rank holds for `t`: the local shard of a DTensor, else the whole tensor."""
+    if t is None:
+        return 0
+    if hasattr(t, "to_local"):  # DTensor (FSDP2): only this rank's shard is stored here
+        t = t.to_local()
+    return t.numel() * t.element_size()
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard in .optim
+    return sum(local_bytes(v) for state in inner.state.values() for v in state.values() if torch.is_tensor(v))
+
+
+class SavedTensorMeter:
+    """saved_tensors_hooks that count (and optionally offload) what autograd keeps for backward.
+
+    Counts each storage once (views of one tensor share it), skips parameters (they are state,
+    counted above, not activations), and splits the bytes by region: inside the blocks or outside.
+    `offload`: "cpu" moves each saved tensor to pinned host memory and back in backward
+    (what torch.autograd.graph.save_on_cpu does); "simulate" copies it into a separate host
+    buffer the same way, so the mechanism and its cost are visible on a CPU-only machine.
+    """
+
+    def __init__(self, offload: str = "off"):
+        self.offload = offload
+        self.seen: set[int] = set()
+        self.bytes = {"block": 0, "outside": 0}
+        self.offloaded_bytes = 0
+
+    def pack(self, t: torch.Tensor):
+        base = t._base if t._base is not None else t  # linear layers save weight.t(), a view
+        if isinstance(base, nn.Parameter) or (base.is_leaf and base.requires_grad):
+            return t  # a parameter (or a view of one): state, not an activation
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key not in self.seen:
+            self.seen.add(key)
+            self.bytes[REGION[0]] += storage.nbytes()
+        if self.offload == "off" or t.numel() == 0:
+            return t
+        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=t.is_cuda)
+        host.copy_(t, non_blocking=t.is_cuda)
+        self.offloaded_bytes += t.numel() * t.element_size()
+        return (t.device, host)
+
+    @staticmethod
+    def unpack(packed):
+        if isinstance(packed, tuple):
+            device, host = packed
+            return host.to(device, non_blocking=True) if device.type != "cpu" else host.clone()
+        return packed
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    @property
+    def total(self) -> int:
+        return self.bytes["block"] + self.bytes["outside"]
+
+
+
+def held_bytes(model, grads: bool = False) -> int:
+    """Bytes of the parameters this rank holds now, or (`grads`) of their gradients."""
+    if grads:
+        return sum(local_bytes(p.grad) for p in model.parameters())
+    inner = model.module if hasattr(model, "module") else model
+    return sum(local_bytes(p) for p in inner.parameters())
+
+
+def state_measures(model, optimizer, meter: SavedTensorMeter, after_forward: int, grads: int,
+                   device: torch.device | None) -> dict:
+    """The measured step's bytes, by kind; `device`: the GPU whose peak allocation to add (None: a CPU)."""
+    measured = dict(
+        param_bytes=sum(local_bytes(p) for p in model.parameters()),
+        grad_bytes=grads, optim_bytes=optimizer_state_bytes(optimizer),
+        params_after_forward_bytes=after_forward,
+        saved_act_bytes=meter.total, saved_act_block_bytes=meter.bytes["block"],
+        saved_act_outside_bytes=meter.bytes["outside"], offloaded_bytes=meter.offloaded_bytes,
+    )
+    if device is not None:
+        measured["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
+    return measured
+
+
+def report_memory(args: argparse.Namespace, measured: dict, step_times: list[float], rank: int, world_size: int,
+                  shard: int, n_params: int, n_tensors: int) -> None:
+    """This rank's METRICS line: what it holds, against the full state and the ideal share of it (full / shard)."""
+    per_param = 4 + 4 + 8  # fp32 parameter + fp32 gradient + AdamW's exp_avg and exp_avg_sq
+    full_state = n_params * per_param + n_tensors * 4  # + AdamW's fp32 `step` per tensor
+    if measured:  # not when a resumed run had no step left to measure
+        state = measured["param_bytes"] + measured["grad_bytes"] + measured["optim_bytes"]
+        timed = step_times[1:] or step_times
+        metrics(
+            rank=rank, world_size=world_size, sharding=args.sharding, shard_group=shard,
+            checkpointing=int(args.activation_checkpointing), offloading=args.activation_offloading,
+            **measured, state_bytes=state, full_state_bytes=full_state, ideal_state_bytes=full_state // shard,
+            block_input_bytes=args.layers * (args.batch_size // world_size) * args.seq_len * args.d_model * 4,
+            step_time_s=sum(timed) / len(timed),
+        )

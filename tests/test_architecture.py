@@ -224,24 +224,10 @@ SCRIPT_LINES_EXCEPT: dict[str, int | None] = {
     "4_model_parallel/code/train.py": 350,  # FSDP, activation checkpointing and offloading, SMP v2: more to show
     "4_model_parallel/code/tp_pp_demo.py": None,  # the tensor- and pipeline-parallel demo, kept as it is
 }
-# Labs whose helpers were still being moved out when the budget came (issue 26): while such a lab's
-# `code/` folder holds only scripts, its over-budget script is an expected failure; once a module sits
-# beside it, the budget holds for it like for any other.
-MOVING_OUT = ("1_parameter_server", "2_horovod", "4_model_parallel")
-
-
 def lab_scripts() -> list[str]:
     """Every program in a lab's `code/` folder (`if __name__ == "__main__":`), not the modules it imports."""
     return sorted(p.relative_to(REPO_ROOT).as_posix() for p in REPO_ROOT.glob("[0-9]_*/code/*.py")
                   if '__name__ == "__main__"' in p.read_text())
-
-
-def script_case(path: str):
-    folder = (REPO_ROOT / path).parent
-    alone = all('__name__ == "__main__"' in p.read_text() for p in folder.glob("*.py"))
-    moving = path.split("/")[0] in MOVING_OUT and alone
-    return pytest.param(path, id=path, marks=[pytest.mark.xfail(
-        reason="its helpers are still to move beside it (issue 26)", strict=False)] if moving else [])
 
 
 def test_the_lab_scripts_are_found():
@@ -251,7 +237,7 @@ def test_the_lab_scripts_are_found():
     assert set(SCRIPT_LINES_EXCEPT) <= set(scripts), "a budget for a script that does not exist"
 
 
-@pytest.mark.parametrize("path", [script_case(path) for path in lab_scripts()])
+@pytest.mark.parametrize("path", lab_scripts())
 def test_each_lab_script_is_within_its_line_budget(path):
     budget = SCRIPT_LINES_EXCEPT.get(path, SCRIPT_LINES)
     if budget is None:
@@ -261,3 +247,28 @@ def test_each_lab_script_is_within_its_line_budget(path):
         f"{path} is {lines} lines, over its budget of {budget}: move what is not its lesson (fault tolerance, "
         "profiling, argument checks, the contract's helpers) into a module beside it in code/, and import it "
         "from there at the top")
+
+
+def _parser_shape(parser) -> list[tuple]:
+    return [(tuple(a.option_strings), a.dest, getattr(a.type, "__name__", repr(a.type)), repr(a.default),
+             repr(a.choices), a.nargs) for a in parser._actions]
+
+
+@pytest.mark.parametrize("key", ["parameter_server", "horovod_pytorch", "horovod_tensorflow", "data_parallel", "model_parallel"])
+def test_a_labs_parser_read_without_its_framework_is_the_scripts_own(key):
+    """`Lab.script_parser` builds the parser from the script's standard-library definitions and those of
+    the modules beside it (a refusal then answers without `import torch`): the same flags, types, defaults
+    and choices as the imported script's, and nothing of the framework imported on the way."""
+    import subprocess
+    import sys
+
+    from workshop.labs import LABS
+    from workshop.spec import load_definitions
+
+    lab = LABS[key]
+    code = (f"import sys\nfrom workshop.spec import load_definitions\n"
+            f"load_definitions({str(lab.entry_path)!r}).build_parser()\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])
+    assert _parser_shape(load_definitions(lab.entry_path).build_parser()) == _parser_shape(lab.load_script().build_parser())

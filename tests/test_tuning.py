@@ -167,7 +167,7 @@ def test_the_sagemaker_dry_run_is_one_tuning_job_whose_trials_run_the_distribute
     assert {"Key": "workshop-lab", "Value": "data_parallel"} in request["Tags"]
     assert "cost: at most $5.63 = 2 trials x 2 x ml.g5.xlarge x $1.408/h x 1 h" in out
     assert "quota (Service Quotas; this needs 4)" in out
-    assert "(train.py, workshop_trial.py)" in out  # the packed source dir
+    assert "(arguments.py, checkpointing.py, contract.py, fault_tolerance.py, step_profiler.py, train.py, workshop_trial.py)" in out  # the packed source dir: the lab's code/ and the trial entry
 
 
 def test_a_range_becomes_a_random_search_with_its_scale(no_aws, capsys):

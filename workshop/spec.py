@@ -356,16 +356,34 @@ def load_definitions(path: Path) -> SimpleNamespace:
     too. Functions that only use the rest (a script's `build_parser`) work; one that reaches for what
     was left out raises NameError when called, and the caller imports the file instead (`load_module`).
     """
-    source = Path(path).read_text(encoding="utf-8")
-    names = SimpleNamespace(__name__=f"_workshop_definitions_{Path(path).stem}", __file__=str(path))
+    return _definitions(Path(path), {})
+
+
+def _definitions(path: Path, loaded: dict[str, SimpleNamespace]) -> SimpleNamespace:
+    """`load_definitions` of `path`; a module beside it (a lab's `arguments.py`, `contract.py`) that it
+    imports is read the same way, once (`loaded`: stem -> its definitions)."""
+    source = path.read_text(encoding="utf-8")
+    names = SimpleNamespace(__name__=f"_workshop_definitions_{path.stem}", __file__=str(path))
+    loaded[path.stem] = names
     namespace = vars(names)
     flags = __future__.annotations.compiler_flag
+    beside = {p.stem: p for p in path.parent.glob("*.py")}
     for node in ast.parse(source, str(path)).body:
         if not isinstance(node, _DEFINITIONS):
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             if node.__class__ is ast.ImportFrom and node.level:  # relative: the script's own package
+                continue
+            if node.__class__ is ast.ImportFrom and node.module in beside:  # a module beside it: its definitions
+                module = loaded.get(node.module) or _definitions(beside[node.module], loaded)
+                for alias in node.names:
+                    if hasattr(module, alias.name):
+                        namespace[alias.asname or alias.name] = getattr(module, alias.name)
+                continue
+            if isinstance(node, ast.Import) and all(m in beside for m in modules):
+                for alias in node.names:
+                    namespace[alias.asname or alias.name] = loaded.get(alias.name) or _definitions(beside[alias.name], loaded)
                 continue
             if not all(m.split(".")[0] in sys.stdlib_module_names for m in modules):
                 continue

@@ -193,7 +193,8 @@ HEAVY = ("sagemaker", "boto3", "botocore", "torch", "tensorflow")
 
 @pytest.mark.parametrize("argv", [None, ["--help"], ["labs"], ["run", "nosuchlab"], ["run", "data_parallel", "--hosts", "0"],
                                   ["run", "data_parallel", "--dry-run"], ["profile", "parameter_server"],
-                                  ["tune", "data_parallel", "--param", "lr=abc"], ["tune", "data_parallel", "--param", "lrr=1"]])
+                                  ["tune", "data_parallel", "--param", "lr=abc"], ["tune", "data_parallel", "--param", "lrr=1"],
+                                  ["run", "data_parallel", "--hp", "lr=abc"], ["run", "model_parallel", "--hp", "heads=5"]])
 def test_the_command_line_imports_no_heavy_package_to_answer(argv):
     """Importing `workshop.__main__` (argv None), and each of these commands, in a fresh interpreter."""
     import subprocess

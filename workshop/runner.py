@@ -94,6 +94,10 @@ def run_local(
     """
     hosts = lab.local_hosts if hosts is None else hosts
     procs_per_host = lab.local_procs_per_host if procs_per_host is None else procs_per_host
+    hps = {**lab.local_hyperparameters, **(hyperparameters or {})}
+    if all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (hosts, procs_per_host)):
+        # Before the SDK's import below: a typo in a hyperparameter is refused in a fraction of a second.
+        lab.validate_hyperparameters(hps, world_size=hosts * procs_per_host)
     # The launcher's config is the SDK's: a long, silent first import. Said where someone watches (a notebook,
     # a terminal); a log (CI, a pipe) keeps its few lines.
     if echo and SDK_LAUNCHERS not in sys.modules and live_display():
@@ -114,7 +118,6 @@ def run_local(
         verbose=verbose,
         stall_s=stall_s,
     )
-    hps = {**lab.local_hyperparameters, **(hyperparameters or {})}
     args = lab.validate_hyperparameters(hps, world_size=cluster.world_size)  # types first: no data needed
     check_checkpoint_folder(lab, args, hosts, checkpoint_dir)
     # A folder it cannot write, or one another job is using, fails now, not after the data; the lock is

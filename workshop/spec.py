@@ -236,12 +236,18 @@ class Lab:
         spent, with argparse's message. Scripts may also define `check_args(args,
         world_size)` for checks that depend on the cluster's size.
         """
-        script = self.load_script()
+        # The script's parser and checks, read without its framework where they need none (`load_definitions`):
+        # a refusal then costs no `import torch`, and a notebook's run starts without seconds of silence.
+        script: Any = load_definitions(self.entry_path)
         argv = hyperparameters_to_argv(hyperparameters)
         stderr = io.StringIO()
         try:
             with contextlib.redirect_stderr(stderr):
-                parser = script.build_parser()
+                try:
+                    parser = script.build_parser()
+                except (NameError, AttributeError):  # it needs what only the full import defines
+                    script = self.load_script()
+                    parser = script.build_parser()
                 parser.prog = self.entry_script
                 args = parser.parse_args(argv)
         except SystemExit as exc:
@@ -254,7 +260,10 @@ class Lab:
         check = getattr(script, "check_args", None)
         if check is not None:
             try:
-                check(args, world_size, train_samples=train_samples)
+                try:
+                    check(args, world_size, train_samples=train_samples)
+                except NameError:  # the check reaches for the framework: run the imported script's own
+                    self.load_script().check_args(args, world_size, train_samples=train_samples)
             except ValueError as exc:
                 rules, fix = split_fix(str(exc), vars(args))
                 raise WorkshopError(

@@ -34,6 +34,7 @@ COMMANDS = {
     "run data_parallel --hosts 0": ["-m", "workshop", "run", "data_parallel", "--hosts", "0"],
     "run data_parallel --dry-run (local: refused)": ["-m", "workshop", "run", "data_parallel", "--dry-run"],
     "tune data_parallel --param lr=abc": ["-m", "workshop", "tune", "data_parallel", "--param", "lr=abc"],
+    "run data_parallel --hp lr=abc": ["-m", "workshop", "run", "data_parallel", "--hp", "lr=abc"],
 }
 TARGET_S = 1.0
 

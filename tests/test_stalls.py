@@ -62,6 +62,9 @@ PROBE = textwrap.dedent(
         if step % 25 == 0:
             print(f"step {step} on rank {rank}", flush=True)
         time.sleep(0.02)
+    # Leave the group before exiting: a gloo group left to the interpreter's exit can abort the process
+    # (SIGABRT, "terminate called without an active exception"), failing a job that did its work.
+    dist.destroy_process_group()
     print(f"rank {rank} done", flush=True)
     """
 )

@@ -54,7 +54,7 @@ from workshop.jobs.tuning import (
     tuning_outcome,
 )
 from workshop.labs import get_lab
-from workshop.runtime.local_cluster import ClusterResult, LocalCluster
+from workshop.runtime.local_cluster import ClusterResult, LocalCluster, check_cluster_size
 from workshop.runtime.progress import STALL_S, live_display, still
 from workshop.search import Objective, SearchSpace
 from workshop.spec import Lab
@@ -94,10 +94,10 @@ def run_local(
     """
     hosts = lab.local_hosts if hosts is None else hosts
     procs_per_host = lab.local_procs_per_host if procs_per_host is None else procs_per_host
+    check_cluster_size(hosts, procs_per_host)
     hps = {**lab.local_hyperparameters, **(hyperparameters or {})}
-    if all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (hosts, procs_per_host)):
-        # Before the SDK's import below: a typo in a hyperparameter is refused in a fraction of a second.
-        lab.validate_hyperparameters(hps, world_size=hosts * procs_per_host)
+    # Types first, no data needed, and before the SDK's import below: a typo is refused in a fraction of a second.
+    args = lab.validate_hyperparameters(hps, world_size=hosts * procs_per_host)
     # The launcher's config is the SDK's: a long, silent first import. Said where someone watches (a notebook,
     # a terminal); a log (CI, a pipe) keeps its few lines.
     if echo and SDK_LAUNCHERS not in sys.modules and live_display():
@@ -118,7 +118,6 @@ def run_local(
         verbose=verbose,
         stall_s=stall_s,
     )
-    args = lab.validate_hyperparameters(hps, world_size=cluster.world_size)  # types first: no data needed
     check_checkpoint_folder(lab, args, hosts, checkpoint_dir)
     # A folder it cannot write, or one another job is using, fails now, not after the data; the lock is
     # held until the run ends (`LocalCluster.run` takes it again for the run itself).

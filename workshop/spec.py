@@ -221,10 +221,16 @@ class Lab:
         framework where it can be (`load_definitions`): a refusal of a bad value then answers in a
         fraction of a second, not after seconds of `import torch`. A parser that needs more than the
         script's standard-library definitions is built from the script itself, imported."""
+        return self._parser_and_source()[0]
+
+    def _parser_and_source(self) -> tuple[Any, Any]:
+        """`script_parser()`, and what it was read from: the script's definitions, or the imported script."""
+        source: Any = load_definitions(self.entry_path)
         try:
-            return load_definitions(self.entry_path).build_parser()
+            return source.build_parser(), source
         except (NameError, AttributeError):  # it uses something only the full import defines
-            return self.load_script().build_parser()
+            source = self.load_script()
+            return source.build_parser(), source
 
     def validate_hyperparameters(
         self, hyperparameters: Mapping[str, Any], world_size: int = 1, train_samples: int | None = None
@@ -236,19 +242,14 @@ class Lab:
         spent, with argparse's message. Scripts may also define `check_args(args,
         world_size)` for checks that depend on the cluster's size.
         """
-        # The script's parser and checks, read without its framework where they need none (`load_definitions`):
+        # The script's parser and checks, read without its framework where they need none (`script_parser`):
         # a refusal then costs no `import torch`, and a notebook's run starts without seconds of silence.
-        script: Any = load_definitions(self.entry_path)
+        parser, script = self._parser_and_source()
+        parser.prog = self.entry_script
         argv = hyperparameters_to_argv(hyperparameters)
         stderr = io.StringIO()
         try:
             with contextlib.redirect_stderr(stderr):
-                try:
-                    parser = script.build_parser()
-                except (NameError, AttributeError):  # it needs what only the full import defines
-                    script = self.load_script()
-                    parser = script.build_parser()
-                parser.prog = self.entry_script
                 args = parser.parse_args(argv)
         except SystemExit as exc:
             message = stderr.getvalue().strip().splitlines()

@@ -549,6 +549,17 @@ def _available_memory_mb() -> int:
     return max(0, available // 2**20)
 
 
+def check_cluster_size(hosts: int, procs_per_host: int) -> None:
+    """Refuse a cluster of no hosts, or hosts of no processes (before anything else about a run is checked)."""
+    if not isinstance(hosts, int) or hosts < 1:
+        raise WorkshopError(f"hosts must be a whole number of at least 1, got {hosts!r}.", "use --hosts 1 or more.")
+    if not isinstance(procs_per_host, int) or procs_per_host < 1:
+        raise WorkshopError(
+            f"procs_per_host must be a whole number of at least 1, got {procs_per_host!r}.",
+            "use --procs-per-host 1 or more.",
+        )
+
+
 def check_machine_fits(hosts: int, procs_per_host: int, allow_oversubscription: bool = False) -> None:
     """Refuse (WorkshopError) or warn (OversubscriptionWarning) about a cluster this machine cannot carry.
 
@@ -662,13 +673,7 @@ class LocalCluster:
         when it ends. In the display (or the streamed lines) with `echo`, and in `logs/cluster.log`
         always. None or 0: never said.
         """
-        if not isinstance(hosts, int) or hosts < 1:
-            raise WorkshopError(f"hosts must be a whole number of at least 1, got {hosts!r}.", "use --hosts 1 or more.")
-        if not isinstance(procs_per_host, int) or procs_per_host < 1:
-            raise WorkshopError(
-                f"procs_per_host must be a whole number of at least 1, got {procs_per_host!r}.",
-                "use --procs-per-host 1 or more.",
-            )
+        check_cluster_size(hosts, procs_per_host)
         if allow_oversubscription is None:
             allow_oversubscription = os.environ.get(OVERSUBSCRIBE_ENV, "") not in ("", "0")
         if stall_s is not None and (isinstance(stall_s, bool) or not isinstance(stall_s, (int, float))

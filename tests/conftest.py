@@ -438,7 +438,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
             if item.path.parent.name == HOROVOD_LAB_FOLDER:
                 item.add_marker(pytest.mark.horovod)
+        group = notebook_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     items[:] = sorted(items, key=lambda item: item.get_closest_marker("horovod") is not None)
+
+
+def notebook_group(item: pytest.Item) -> str | None:
+    """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`), the items that must run in one
+    worker, one after another: a notebook's cells (nbval runs them in order in one kernel) together
+    with the same notebook's sagemaker-mode run, since both modes share the notebook's folders (the
+    fault-tolerance notebook clears runs/fault-tolerance at its start, which the other mode is using).
+    None for every other test: those are spread one by one."""
+    if str(item.path).endswith(".ipynb"):
+        return f"notebook:{item.path.parent.name}/{item.path.stem}"
+    callspec = getattr(item, "callspec", None)
+    if item.path.name == "test_notebooks_sagemaker_mode.py" and callspec is not None and "path" in callspec.params:
+        path = Path(callspec.params["path"])
+        return f"notebook:{path.parent.name}/{path.stem}"
+    return None
 
 
 # --------------------------------------------------------------------------- Horovod: its background build

@@ -78,11 +78,15 @@ $(DEV_STAMP): requirements-dev.txt $(STAMP)
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
 	@touch $(DEV_STAMP)
 
-# Unit and multi-process tests, then every notebook top to bottom (nbval, local mode).
-test: $(DEV_STAMP)
+# Unit and multi-process tests, then every notebook top to bottom (nbval, local mode). Horovod first: from
+# a cached or shared wheel at once, or its compile started in the background (the tests that need it run
+# last and wait for it). The workers take the notebooks first, the longest work; --no-loadscope-reorder
+# keeps that order (tests/conftest.py).
+test: setup $(DEV_STAMP)
 	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
 	$(BIN)/python -m pytest tests $(wildcard [0-9]_*/*.ipynb) --nbval-lax --nbval-current-env \
-		--nbval-cell-timeout=900 --timeout=1800 --durations=30 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+		--nbval-cell-timeout=900 --timeout=1800 --durations=30 \
+		-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The tests that start no training process (tests marked slow and the notebooks left out); a test
 # that is not marked slow and starts training fails (the guard in tests/conftest.py). Tests that need

@@ -432,7 +432,10 @@ def pytest_runtest_teardown(item: pytest.Item) -> Any:
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Notebooks (nbval's items, `*.ipynb`) run the labs: they are slow; lab 2's needs Horovod. The
-    tests that need Horovod run last (in their order), so that its background build overlaps the rest."""
+    tests that need Horovod run last (in their order), so that its background build overlaps the rest.
+    Before them, the notebooks' groups (see `notebook_group`) come first: under pytest-xdist each is
+    one long unit of work, and started first they leave the short tests to fill the workers' ends
+    (`make test` passes --no-loadscope-reorder, which keeps this order)."""
     for item in items:
         if str(item.path).endswith(".ipynb"):
             item.add_marker(pytest.mark.slow)
@@ -441,7 +444,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = notebook_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    items[:] = sorted(items, key=lambda item: item.get_closest_marker("horovod") is not None)
+    items[:] = sorted(items, key=lambda item: (item.get_closest_marker("horovod") is not None,
+                                               notebook_group(item) is None))
 
 
 def notebook_group(item: pytest.Item) -> str | None:

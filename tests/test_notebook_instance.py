@@ -10,6 +10,7 @@ every lab inside a 4 GiB cgroup, a stop/start); this file checks their behaviour
 from __future__ import annotations
 
 import base64
+import contextlib
 import getpass
 import json
 import os
@@ -27,7 +28,9 @@ SCRIPTS = REPO_ROOT / "scripts" / "notebook-instance"
 KERNEL = "distributed-training-workshop"
 REAL_MAKE = shutil.which("make")
 # The fake `make`: `setup` (not `-q setup`) logs, waits for $FAKE_GATE when set, makes .venv/bin/python
-# (this environment's interpreter) and the set-up's stamp, and exits $FAKE_SETUP_RC; the rest is make.
+# (this environment's interpreter) and the set-up's stamp, and exits $FAKE_SETUP_RC; the rest is make,
+# with `setup` as a prerequisite left alone (`-o setup`): its recipe would install Horovod into this
+# environment, or start its compile in the background, from the simulated home's empty cache.
 FAKE_MAKE = f"""#!/bin/bash
 echo "make $*" >>"$FAKE_MAKE_LOG"
 case " $* " in
@@ -44,7 +47,7 @@ case " $* " in
     echo "fake set-up: finished"
     exit "${{FAKE_SETUP_RC:-0}}" ;;
 esac
-exec {REAL_MAKE} "$@"
+exec {REAL_MAKE} -o setup "$@"
 """
 # The platform's package manager and conda, as far as the scripts use them: each logs its arguments
 # and puts a python3.11 (this environment's interpreter) where the real one would.
@@ -72,6 +75,7 @@ class Instance:
         self.bin = root / "bin"
         self.checkout = self.volume / "distributed-training-workshop"
         self.make_log = root / "make.log"
+        self.horovod_state = root / "horovod-state"  # where a Horovod build's status would go: none may start
         self.gate = root / "gate"
         for path in (self.volume, self.home, self.bin):
             path.mkdir(parents=True)
@@ -89,6 +93,7 @@ class Instance:
             "WORKSHOP_PYTHON": sys.executable,
             "WORKSHOP_CONDA": str(self.bin / "no-conda"),
             "FAKE_MAKE_LOG": str(self.make_log),
+            "WORKSHOP_HOROVOD_STATE_DIR": str(self.horovod_state),
         }
         for name in ("WORKSHOP_REPO_DIR", "WORKSHOP_WHEELHOUSE", "JUPYTER_DATA_DIR", "JUPYTER_PATH"):
             self.env.pop(name, None)
@@ -127,6 +132,16 @@ class Instance:
             time.sleep(0.2)
         raise AssertionError(f"the set-up did not end in {timeout} s; status {self.status!r}\n{self.log}")
 
+    def stop_any_horovod_build(self) -> None:
+        """A build a failing test started (its own session: the compilers with it) is stopped."""
+        import signal
+
+        status = self.horovod_state / "status.json"
+        pid = json.loads(status.read_text()).get("pid") if status.exists() else None
+        if pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
     def lock_is_free(self) -> bool:
         lock = self.volume / ".workshop" / "setup.lock"
         return subprocess.run(["flock", "-n", str(lock), "true"], check=False).returncode == 0
@@ -138,6 +153,14 @@ def instance(tmp_path: Path):
     yield nb
     nb.gate.touch()  # a set-up a failed test left waiting ends now
     nb.wait_for_the_set_up()
+    nb.stop_any_horovod_build()
+
+
+def _no_horovod_build_started(nb: Instance) -> None:
+    """`python -m workshop.horovod_build start` (setup's recipe) takes its lock in the state folder first,
+    whether or not Horovod is installed here: the folder must not exist."""
+    found = sorted(p.name for p in nb.horovod_state.iterdir()) if nb.horovod_state.exists() else None
+    assert found is None, f"the simulated set-up ran setup's Horovod step in this environment (left {found})"
 
 
 def test_on_create_returns_at_once_and_sets_up_in_the_background(instance: Instance) -> None:
@@ -158,6 +181,8 @@ def test_on_create_returns_at_once_and_sets_up_in_the_background(instance: Insta
     assert calls.index(f"make setup PYTHON={sys.executable}") < calls.index(f"make kernel PYTHON={sys.executable}")
     spec = json.loads(instance.kernel_json.read_text())
     assert spec["display_name"] == "Python (distributed training workshop)", spec
+    # `make kernel` ran against the fake set-up: nothing compiled or installed into this environment.
+    _no_horovod_build_started(instance)
 
 
 def test_on_start_registers_the_kernel_again_after_a_restart(instance: Instance) -> None:

@@ -120,9 +120,15 @@ def test_notebooks_are_marked_slow_at_collection_and_horovod_runs_last() -> None
     assert marks == {"1_parameter_server/lab.ipynb": ["slow", "xdist_group"],
                      "2_horovod/horovod.ipynb": ["slow", "horovod", "xdist_group"],
                      "tests/test_hvd.py": ["horovod"], "tests/test_x.py": []}
-    # What needs Horovod runs last (its background build overlaps the rest), each group in its order.
+    # What needs Horovod runs last (its background build overlaps the rest), each group in its order,
+    # and the notebooks first within each (the longest units of work for the test workers).
     assert [str(item.path) for item in items] == [
         "1_parameter_server/lab.ipynb", "tests/test_x.py", "2_horovod/horovod.ipynb", "tests/test_hvd.py"]
+    items = [_Item(path=Path(name), marks=[]) for name in (
+        "tests/test_a.py", "3_data_parallel/data_parallel.ipynb", "tests/test_b.py", "3_data_parallel/data_parallel.ipynb")]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [str(item.path) for item in items] == [
+        "3_data_parallel/data_parallel.ipynb", "3_data_parallel/data_parallel.ipynb", "tests/test_a.py", "tests/test_b.py"]
 
 
 def test_a_notebooks_cells_and_its_sagemaker_mode_run_share_one_test_worker() -> None:

@@ -524,9 +524,9 @@ class FakeSageMaker:
         from workshop.cloud import aws
 
         iam = boto.client("iam")
-        role = iam.create_role(RoleName=ROLE_NAME, AssumeRolePolicyDocument=json.dumps(cloud.trust_policy()),
-                               Description="fake_sagemaker: the workshop's least-privilege training role")
         account_id = boto.client("sts").get_caller_identity()["Account"]
+        role = iam.create_role(RoleName=ROLE_NAME, AssumeRolePolicyDocument=json.dumps(cloud.trust_policy(account=account_id)),
+                               Description="fake_sagemaker: the workshop's least-privilege training role")
         session = aws.sagemaker_session(boto)
         policy = account.role_policy(region=boto.region_name, account=account_id, bucket=aws.sdk_bucket(session),
                                      key_prefix=aws.sdk_key_prefix(session))

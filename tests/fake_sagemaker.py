@@ -22,6 +22,15 @@ SDK uploaded, and each CreateHyperParameterTuningJob run its training jobs (6. b
    runs the job synchronously inside the call, so the job is finished by the time
    `CreateTrainingJob` returns and `DescribeTrainingJob` says Completed, Failed or Stopped.
    `create_hyper_parameter_tuning_job` is wrapped the same way (6.).
+1b. **The request, as the service checks it.** Before moto records anything, the whole request is
+   checked against every constraint of botocore's SageMaker service model (`validate_training_request`,
+   `workshop.jobs.shapes`): required members, lengths, list and map sizes (at most 50 tags, 40 metric
+   definitions, 100 hyperparameters and environment variables), number ranges, enums, and patterns
+   read as the service reads them (Java regular expressions over the whole value: tag keys and values
+   of letters, digits, spaces and `_.:/=+-@`, environment names `[a-zA-Z_][a-zA-Z0-9_]*`, job names,
+   S3 URIs on one line), nested members included. A failure is a `ValidationException` in the
+   service's words ("1 validation error detected: Value 'a_b' at 'trainingJobName' failed to satisfy
+   constraint: Member must satisfy regular expression pattern: ..."); then the spot rules (7.).
 2. **S3 in.** Every input channel is downloaded from moto S3 (`S3Prefix`, `File`/`FastFile`,
    `FullyReplicated`): `code` (SDK 3.27 uploads the `source_dir` file by file, not as a
    tarball, under `<base job name>/<job>/input/code/`; a `.tar.gz` source_dir is unpacked as
@@ -99,8 +108,8 @@ SDK uploaded, and each CreateHyperParameterTuningJob run its training jobs (6. b
    (`MaxRuntimeExceeded`) past its time limit.
 6. **Tuning jobs** (`fake.tuning_jobs`: a `TuningRun` each, its trials' `JobRun`s in `trials`).
    CreateHyperParameterTuningJob is checked first as the service checks it
-   (`validate_tuning_request`: the name's length and pattern; the strategy; ResourceLimits'
-   ranges; an objective among the definition's MetricDefinitions, in the service's words; ranges
+   (`validate_tuning_request`: every constraint of the service model, as for a training job (1b.),
+   the name's length and pattern among them; the strategy; ResourceLimits' ranges; an objective among the definition's MetricDefinitions, in the service's words; ranges
    that are well formed, unique, at most 30, none also static; Grid only over categorical
    ranges, MaxNumberOfTrainingJobs absent or equal to the grid's size; other strategies need
    at least MaxNumberOfTrainingJobs combinations, in the service's words), each failure a
@@ -515,9 +524,9 @@ class FakeSageMaker:
         from workshop.cloud import aws
 
         iam = boto.client("iam")
-        role = iam.create_role(RoleName=ROLE_NAME, AssumeRolePolicyDocument=json.dumps(cloud.trust_policy()),
-                               Description="fake_sagemaker: the workshop's least-privilege training role")
         account_id = boto.client("sts").get_caller_identity()["Account"]
+        role = iam.create_role(RoleName=ROLE_NAME, AssumeRolePolicyDocument=json.dumps(cloud.trust_policy(account=account_id)),
+                               Description="fake_sagemaker: the workshop's least-privilege training role")
         session = aws.sagemaker_session(boto)
         policy = account.role_policy(region=boto.region_name, account=account_id, bucket=aws.sdk_bucket(session),
                                      key_prefix=aws.sdk_key_prefix(session))
@@ -586,7 +595,8 @@ class FakeSageMaker:
             )
             # Copied before moto's backend sees it: moto replaces the MetricDefinitions.
             request = {key: copy.deepcopy(response._get_param(key)) for key in keys}
-            validate_training_request(request)  # ValidationException, as the service answers: nothing recorded
+            # The whole request (moto's parse of it), as the service answers: a ValidationException, nothing recorded.
+            validate_training_request(copy.deepcopy(response.params))
             result = original(response)
             job = response.sagemaker_backend.training_jobs[request["TrainingJobName"]]
             fake._execute(job, request, response.region)
@@ -1517,7 +1527,6 @@ def _failure_text(result: Any) -> str:
 
 # ---------------------------------------------------------------------- tuning jobs: the request, the trials
 
-TUNING_JOB_NAME_PATTERN = r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,31}"  # botocore's model (CreateHyperParameterTuningJob)
 TUNING_STRATEGIES = ("Bayesian", "Random", "Hyperband", "Grid")
 _RANGE_KINDS = (("IntegerParameterRanges", "Integer"), ("ContinuousParameterRanges", "Continuous"),
                 ("CategoricalParameterRanges", "Categorical"))
@@ -1571,10 +1580,26 @@ def _refusal(message: str) -> Exception:
     return ValidationError(message=message)
 
 
+def _check_model(operation: str, request: dict[str, Any]) -> None:
+    """Every constraint of the service model on the request (`workshop.jobs.shapes`: required members,
+    types, lengths, list and map sizes, number ranges, enums, patterns read as the service reads them,
+    in nested structures, lists and maps), refused in the service's words (`shapes.service_message`:
+    "1 validation error detected: Value 'a_b' at 'trainingJobName' failed to satisfy constraint: Member
+    must satisfy regular expression pattern: ..."; a type error is worded by the fake). A pattern that
+    cannot be translated from Java lets its member through unchecked: none of the two operations' can't."""
+    from workshop.jobs import shapes
+
+    report = shapes.check_request(operation, request)
+    if report.violations:
+        raise _refusal(shapes.service_message(report.violations))
+
+
 def validate_training_request(request: dict[str, Any]) -> None:
-    """CreateTrainingJob's checks of managed spot training, as the API reference (CreateTrainingJob,
-    StoppingCondition, ResourceConfig) and the developer guide ("Managed Spot Training") state them;
-    each failure is a ValidationException before anything is recorded or run (see `_check_spot`)."""
+    """CreateTrainingJob's checks: the service model's constraints (`_check_model`), then managed spot
+    training's, as the API reference (CreateTrainingJob, StoppingCondition, ResourceConfig) and the
+    developer guide ("Managed Spot Training") state them; each failure is a ValidationException before
+    anything is recorded or run (see `_check_spot`)."""
+    _check_model("CreateTrainingJob", request)
     _check_spot(request, "")
 
 
@@ -1661,12 +1686,7 @@ def validate_tuning_request(request: dict[str, Any]) -> list[_Range]:
     them; each failure is a ValidationException (moto's ValidationError, which a boto3 client sees
     as ClientError code ValidationException) before anything is recorded or run. What the fake does
     not simulate is refused the same way, saying so. Returns the parameter ranges."""
-    name = request.get("HyperParameterTuningJobName") or ""
-    if len(name) > 32:
-        raise _constraint(name, "hyperParameterTuningJobName", "Member must have length less than or equal to 32")
-    if not re.fullmatch(TUNING_JOB_NAME_PATTERN, name):
-        raise _constraint(name, "hyperParameterTuningJobName",
-                          f"Member must satisfy regular expression pattern: {TUNING_JOB_NAME_PATTERN}")
+    _check_model("CreateHyperParameterTuningJob", request)  # the name's length and pattern among them
     if request.get("TrainingJobDefinitions"):
         raise _refusal("fake_sagemaker does not simulate TrainingJobDefinitions (several training job definitions "
                        "in one tuning job): send one TrainingJobDefinition.")

@@ -172,6 +172,10 @@ def test_the_stack_makes_what_the_workshop_looks_for_on_each_notebook_instance(
         assert "export WORKSHOP_WHEELHOUSE=s3://room-bucket/wheels" in base64.b64decode(config["OnCreate"][0]["Content"]).decode()
         execution = iam.get_role(RoleName=cloud.role_name())["Role"]
         assert cloud.resolve_role(None, boto) == execution["Arn"]  # not the notebook's own role
+        # Only SageMaker acting for this account may assume it, as `python -m workshop role` writes it.
+        assert execution["AssumeRolePolicyDocument"] == cloud.trust_policy(account=ACCOUNT)
+        notebook_role = iam.get_role(RoleName=stack.notebook_role_name(user))["Role"]
+        assert notebook_role["AssumeRolePolicyDocument"] == cloud.trust_policy(account=None)
         policy = iam.get_role_policy(RoleName=cloud.role_name(), PolicyName="workshop-training")["PolicyDocument"]
         # Exactly what `python -m workshop role` writes for this user, region, account and bucket.
         assert policy == account.role_policy(region=REGION, account=ACCOUNT, bucket=BUCKET, key_prefix="")
@@ -454,7 +458,7 @@ def _running_job(boto: Any, name: str, user: str | None, role_arn: str) -> None:
 def _untagged_things(boto: Any) -> tuple[str, str, str]:
     """A notebook instance and two roles that are not the workshop's (one named like its roles)."""
     iam, sm = boto.client("iam"), boto.client("sagemaker")
-    trust = json.dumps(cloud.trust_policy())
+    trust = json.dumps(cloud.trust_policy(account=ACCOUNT))
     arn = iam.create_role(RoleName="team-notebook", AssumeRolePolicyDocument=trust)["Role"]["Arn"]
     iam.create_role(RoleName=f"{aws.WORKSHOP_NAME}-lookalike", AssumeRolePolicyDocument=trust)
     sm.create_notebook_instance(NotebookInstanceName="team-analysis", InstanceType="ml.t3.medium", RoleArn=arn,

@@ -168,8 +168,8 @@ _INVALID = {
     "tuned and static": ({"Definition.StaticHyperParameters": {"lr": "0.1", "sagemaker_program": "train.py"}},
                          "lr are both static"),
     "no parallel jobs": ({"Limits.MaxParallelTrainingJobs": 0}, "Member must have value greater than or equal to 1"),
-    "several definitions": ({"TrainingJobDefinitions": [{"DefinitionName": "a"}]},
-                            "fake_sagemaker does not simulate TrainingJobDefinitions"),
+    "several definitions": ({"TrainingJobDefinitions": [{"DefinitionName": "a", **_request()["TrainingJobDefinition"]}]},
+                            "fake_sagemaker does not simulate TrainingJobDefinitions"),  # whole: the model needs it
     "too few combinations": ({"Config.Strategy": "Random", "Limits.MaxNumberOfTrainingJobs": 3},
                              "You don't have enough combinations of hyperparameter ranges"),
     "log scale below zero": ({"Config.Strategy": "Random", "Limits.MaxNumberOfTrainingJobs": 3, "Config.ParameterRanges": {

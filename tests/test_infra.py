@@ -174,9 +174,30 @@ def test_role_is_least_privilege_idempotent_and_deleted(boto: Any) -> None:
     assert "python -m workshop role" in err.value.fix and aws.ROLE_ENV in err.value.fix
 
 
+def test_only_sagemaker_acting_for_this_account_may_assume_the_role(boto: Any) -> None:
+    """The trust policy carries the `aws:SourceAccount` condition of the SDK's own training role
+    (`sagemaker.core.helper.iam_policies`, its placeholder set to the account as the SDK sets it):
+    another account's SageMaker cannot be made to act with the workshop's role."""
+    import fake_aws_apis
+    from sagemaker.core.helper.iam_policies import IAM_POLICY_CONFIG
+    from sagemaker.core.helper.iam_role_resolver import IamRoleResolver
+
+    info = account.ensure_role(boto)
+    trust = boto.client("iam").get_role(RoleName=info.name)["Role"]["AssumeRolePolicyDocument"]
+    sdk = IamRoleResolver._scope_trust_policy_to_account(IAM_POLICY_CONFIG["training"]["trust_policy"], ACCOUNT)
+    assert trust == sdk == cloud.trust_policy(account=ACCOUNT)
+    # As IAM evaluates the condition (the trust statement read as one on any resource: the evaluator
+    # matches resources, a trust policy names principals).
+    statement = {k: v for k, v in trust["Statement"][0].items() if k != "Principal"}
+    document = {"Version": "2012-10-17", "Statement": [{**statement, "Resource": "*"}]}
+    assert fake_aws_apis.simulate([document], "sts:AssumeRole", context={"aws:SourceAccount": ACCOUNT}) == "allowed"
+    for context in ({"aws:SourceAccount": "999999999999"}, {}):  # another account's job; no account said
+        assert fake_aws_apis.simulate([document], "sts:AssumeRole", context=context) == "implicitDeny"
+
+
 def test_a_role_the_workshop_did_not_create_is_left_alone(boto: Any) -> None:
     iam = boto.client("iam")
-    iam.create_role(RoleName=cloud.role_name(), AssumeRolePolicyDocument=json.dumps(cloud.trust_policy()))
+    iam.create_role(RoleName=cloud.role_name(), AssumeRolePolicyDocument=json.dumps(cloud.trust_policy(account=ACCOUNT)))
     with pytest.raises(WorkshopError, match="not created by the workshop"):
         account.ensure_role(boto)
     assert cloud.delete_role(boto) == []

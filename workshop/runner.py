@@ -33,6 +33,7 @@ from workshop.jobs import (
     build_from_plan,
     check_internet,
     check_role,
+    check_s3_scope,
     describe_plan,
     network_egress,
     plan_job,
@@ -247,6 +248,8 @@ def run_on_sagemaker(
     # The launcher's own look-ups (read-only, e.g. lab 2's Horovod wheel in S3), then the
     # internet check again with what they found; the bucket is named, not created, here.
     session = aws.sagemaker_session(boto)
+    # The S3 locations against the role now known, in the bucket the SDK will really use.
+    plan = check_s3_scope(plan, role_arn, aws.sdk_bucket(session), aws.sdk_key_prefix(session))
     known = len(plan.notes)
     plan, prep_steps = prepare_launcher(plan, aws.sdk_bucket(session), boto)
     plan = check_internet(plan, egress)

@@ -24,13 +24,20 @@ def role_name(user: str | None = None) -> str:
     return f"{aws.WORKSHOP_NAME}-{user or aws.user_prefix()}"[:64]
 
 
-def trust_policy() -> dict[str, Any]:
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}, "Action": "sts:AssumeRole"}
-        ],
-    }
+def trust_policy(*, account: str | None) -> dict[str, Any]:
+    """SageMaker may assume the role; with `account`, only on behalf of that account.
+
+    The `aws:SourceAccount` condition is the one the SDK's own training role carries
+    (`sagemaker/core/helper/iam_policies.py`, `IAM_POLICY_CONFIG["training"]["trust_policy"]`, the
+    account substituted by `iam_role_resolver._scope_trust_policy_to_account`): another account's
+    SageMaker cannot be made to act with this role (the cross-service confused deputy). None: no
+    condition, for a role SageMaker assumes outside the SDK's templates (an event's notebook role:
+    nothing the workshop relies on shows that SageMaker sets the key when it starts a notebook)."""
+    statement: dict[str, Any] = {"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"},
+                                 "Action": "sts:AssumeRole"}
+    if account is not None:
+        statement["Condition"] = {"StringEquals": {"aws:SourceAccount": account}}
+    return {"Version": "2012-10-17", "Statement": [statement]}
 
 
 def s3_prefixes(job_keys: Sequence[str], user: str | None = None, key_prefix: str | None = None) -> list[str]:
@@ -132,7 +139,7 @@ def shipped_policy_documents(job_keys: Sequence[str], region: str = "us-east-1",
                              bucket: str = "sagemaker-us-east-1-123456789012") -> dict[str, dict[str, Any]]:
     """Every IAM policy document this package writes, by name (for the wildcard check)."""
     return {
-        "trust_policy": trust_policy(),
+        "trust_policy": trust_policy(account=account),
         "role_policy": role_policy(region=region, account=account, bucket=bucket, job_keys=job_keys, user="alice", key_prefix=""),
     }
 
@@ -202,7 +209,7 @@ def ensure_role(session: Any = None, *, job_keys: Sequence[str], user: str | Non
             if code_of(exc) != "NoSuchEntity":
                 raise
             role = iam.create_role(
-                RoleName=name, AssumeRolePolicyDocument=json.dumps(trust_policy()),
+                RoleName=name, AssumeRolePolicyDocument=json.dumps(trust_policy(account=account)),
                 Description="distributed-training-workshop: SageMaker training jobs (least privilege)",
                 Tags=workshop_tags(user), MaxSessionDuration=3600,
             )["Role"]

@@ -322,10 +322,11 @@ def _network(a: Attendee, block: ipaddress.IPv4Network) -> dict[str, Any]:
     return out
 
 
-def _role(name: str, description: str, policy_name: str, policy: dict[str, Any], tags: list[dict[str, Any]]) -> dict[str, Any]:
+def _role(name: str, description: str, policy_name: str, policy: dict[str, Any], tags: list[dict[str, Any]],
+          account: str | None) -> dict[str, Any]:
     return {"Type": "AWS::IAM::Role", "Properties": {
         "RoleName": name, "Description": description, "MaxSessionDuration": 3600,
-        "AssumeRolePolicyDocument": trust_policy(),
+        "AssumeRolePolicyDocument": sub(trust_policy(account=account)),
         "Policies": [{"PolicyName": policy_name, "PolicyDocument": sub(policy)}],
         "Tags": tags}}
 
@@ -367,11 +368,11 @@ def template(
                                 user=a.user, partition=PARTITION, key_prefix="")
         resources[f"{a.logical}ExecutionRole"] = _role(
             role_name(a.user), "distributed-training-workshop: SageMaker training jobs (least privilege)",
-            "workshop-training", execution, _tags(a.user, "execution-role"))
+            "workshop-training", execution, _tags(a.user, "execution-role"), account=ACCOUNT)
         resources[f"{a.logical}NotebookRole"] = _role(
             notebook_role_name(a.user), f"distributed-training-workshop: notebook instance {a.notebook_instance}",
             NOTEBOOK_POLICY_NAME, notebook_policy(user=a.user, notebook_instance=a.notebook_instance, job_keys=job_keys),
-            _tags(a.user, "notebook-role"))
+            _tags(a.user, "notebook-role"), account=None)
         resources[f"{a.logical}Notebook"] = {"Type": "AWS::SageMaker::NotebookInstance", "Properties": {
             "NotebookInstanceName": a.notebook_instance,
             "InstanceType": instance_type,

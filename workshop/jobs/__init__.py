@@ -6,7 +6,8 @@
     dry_run(request)                       # the exact CreateTrainingJob request, no account needed
 
 - `plan`: `JobRequest`, `JobPlan`, `plan_job` (every offline check), the launcher's `prepare`
-  step, the internet check; `checks`: what CreateTrainingJob and the container accept;
+  step, the internet check, the S3 locations against the workshop role's; `checks`: what
+  CreateTrainingJob and the container accept; `shapes`: every constraint of the service model;
   `images`: which image, and its support window;
 - `trainer`: the plan as a `ModelTrainer`; `dry_run`: the request, under moto, offline;
 - `submit`: start, follow the logs, `JobResult`.
@@ -46,6 +47,7 @@ from workshop.jobs.plan import (
     LauncherNotSupported,
     PrepStep,
     check_internet,
+    check_s3_scope,
     describe_plan,
     network_egress,
     plan_job,
@@ -58,7 +60,7 @@ __all__ = [
     "CHECKPOINT_DIR", "DRY_RUN_SECURITY_GROUP", "DRY_RUN_SUBNET", "DryRunRequest", "IMAGE_SUPPORT", "ImageSupport", "JobPlan", "JobRequest", "JobResult",
     "LOG_GROUP", "LauncherNotSupported", "PLACEHOLDER_ROLE_ARN", "PYTORCH_IMAGE", "PrepStep", "SMDDP_INSTANCE_TYPES",
     "SOURCE_IGNORE_PATTERNS", "build_from_plan", "build_trainer", "check_hyperparameters", "check_image_supported",
-    "check_internet", "check_role", "console_url", "describe_plan", "dry_run", "gpus_per_instance", "image_support",
+    "check_internet", "check_role", "check_s3_scope", "console_url", "describe_plan", "dry_run", "gpus_per_instance", "image_support",
     "is_gpu_instance", "job_records", "logs_url", "network_egress", "plan_job", "prepare_launcher", "submit", "today",
     "training_instance_types",
 ]

@@ -197,3 +197,114 @@ def given_role(role: str | None) -> tuple[str, str]:
         return str(role).strip(), "role"
     env = os.environ.get(aws.ROLE_ENV, "").strip()
     return (env, f"${aws.ROLE_ENV}") if env else ("", "")
+
+
+# What to change when a member of the request breaks the service model: the member (its path in a
+# CreateTrainingJob request, or under a tuning job's TrainingJobDefinition) -> the fix. Longest first.
+_MEMBER_FIXES: tuple[tuple[str, str], ...] = (
+    ("AlgorithmSpecification.MetricDefinitions",
+     "the metric definitions are the lab's METRICS (workshop.metrics.sagemaker_metric_definitions): at most 40, "
+     "each name 1 to 255 characters and each regex 1 to 500, on one line; define fewer or shorter metrics in the "
+     "lab's spec"),
+    ("AlgorithmSpecification.TrainingImage", "pass an image_uri of at most 255 characters, on one line"),
+    ("ResourceConfig.InstanceType", "pass one of CreateTrainingJob's training instance types as instance_type"),
+    ("CheckpointConfig", "pass checkpoint_s3_uri='s3://<bucket>/<prefix>': at most 1,024 characters, on one line"),
+    ("OutputDataConfig", "pass output_s3_uri='s3://<bucket>/<prefix>': at most 1,024 characters, on one line"),
+    ("InputDataConfig", "pass inputs={'train': 's3://<bucket>/<prefix>', ...}: channel names of letters, digits, "
+                        "'.', '-' and '_' (at most 64), S3 URIs of at most 1,024 characters on one line, at most 20 "
+                        "channels"),
+    ("TrainingJobName", "pass a base_job_name of letters, digits and '-' (not at either end): the SDK adds '-' and a "
+                        "14-digit timestamp, and the job name has at most 63 characters"),
+    ("HyperParameterTuningJobName", "tuning job names are the base job name cut to 19 characters plus a "
+                                    "timestamp: pass a base_job_name of letters, digits and '-'"),
+    ("Tags", "pass tags={'key': 'value'} whose keys (1 to 128 characters) and values (up to 256) hold only letters, "
+             "digits, spaces and _ . : / = + - @, keys not starting with 'aws:', at most 47 of them (the workshop adds its 3: workshop, "
+             "workshop-user, workshop-lab)"),
+    ("HyperParameters", "pass at most 100 hyperparameters, names up to 256 characters and values up to 2,500, each "
+                        "on one line"),
+    ("StaticHyperParameters", "pass at most 100 hyperparameters, names up to 256 characters and values up to 2,500, "
+                              "each on one line"),
+    ("Environment", "the job's environment comes from the workshop and the lab's launcher (JobPlan.environment): "
+                    "variable names of letters, digits and '_' not starting with a digit, values up to 512 "
+                    "characters, at most 100 variables (48 in a tuning job)"),
+    ("VpcConfig", "pass subnets=[...] (1 to 16) and security_group_ids=[...] (1 to 5) as their ids "
+                  "(subnet-..., sg-...), or network=True for the workshop's network"),
+    ("RoleArn", "pass role='arn:aws:iam::<12-digit account>:role/<name>'"),
+    ("StoppingCondition", "pass max_run_s (and, for spot, max_wait_s) of at least 1 second"),
+)
+
+
+def _member_fix(path: str) -> str | None:
+    bare = path.removeprefix("TrainingJobDefinition.")
+    for member, fix in _MEMBER_FIXES:
+        if bare == member or bare.startswith((member + ".", member + "[", member + " ")):
+            return fix
+    return None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 70 else text[:67] + "..."
+
+
+def _rule_for_people(rule: str) -> str:
+    """The service's rule, with a long enum list cut short."""
+    head, sep, values = rule.partition("enum value set: [")
+    if sep and values.count(",") >= 8:
+        listed = values.rstrip("]").split(", ")
+        return f"{head}enum value set of {len(listed)} values ({', '.join(listed[:4])}, ...)"
+    return rule
+
+
+def request_refusal(operation: str, report: Any, *, built_by_workshop: bool = True) -> WorkshopError:
+    """The WorkshopError for a request that breaks the service model (`workshop.jobs.shapes.Report`):
+    each member's path, its value, the rule it breaks (the service's words), and how to fix each."""
+    from workshop.jobs.shapes import model_source
+
+    lines, fixes = [], []
+    for v in report.violations:
+        value = "" if v.value is None else f" = {_shown(v.value)}"
+        lines.append(f"  {v.path}{value}: {_rule_for_people(v.rule)}")
+        fix = _member_fix(v.path)
+        if fix is None:
+            fix = ("this part of the request is the workshop's own doing: report it as a bug with this message"
+                   if built_by_workshop else f"change {v.path} to satisfy the rule")
+        if fix not in fixes:
+            fixes.append(fix)
+    count = len(report.violations)
+    return WorkshopError(
+        f"SageMaker would refuse this {operation} request with a ValidationException ({count} "
+        f"violation{'s' if count != 1 else ''} of {model_source()}):\n" + "\n".join(lines),
+        "; ".join(fixes) + ".",
+    )
+
+
+def refuse_invalid_request(operation: str, params: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """Refuse `params` (a whole `operation` request) if it breaks the service model (WorkshopError
+    with each member, rule and fix); returns the members whose pattern could not be checked."""
+    from workshop.jobs import shapes
+
+    report = shapes.check_request(operation, params)
+    if report.violations:
+        raise request_refusal(operation, report)
+    return report.unchecked
+
+
+# AWS reserves the `aws:` prefix for its own tags (the tagging rules of every service, not in the model).
+_RESERVED_TAG_PREFIX = "aws:"
+
+
+def check_request_fields(members: Mapping[str, Any]) -> None:
+    """Refuse the parts of a CreateTrainingJob request a plan settles (dotted member path -> value,
+    e.g. {"Tags": [...], "CheckpointConfig.S3Uri": "s3://..."}) where they break the service model
+    or AWS's tag rules, before anything is looked up or created."""
+    from workshop.jobs import shapes
+
+    report = shapes.check_members("CreateTrainingJob", members)
+    for i, tag in enumerate(members.get("Tags") or []):
+        key = tag.get("Key") if isinstance(tag, Mapping) else None
+        if isinstance(key, str) and key.lower().startswith(_RESERVED_TAG_PREFIX):
+            report.violations.append(shapes.Violation(
+                f"Tags[{i}].Key", f"tags.{i + 1}.member.key", "AWS reserves tag keys that start with 'aws:'", key))
+    if report.violations:
+        raise request_refusal("CreateTrainingJob", report, built_by_workshop=False)

@@ -21,7 +21,7 @@ from typing import Any
 from workshop.cloud import aws
 from workshop.cloud.preflight import dry_run_lines
 from workshop.errors import WorkshopError
-from workshop.jobs.checks import check_role, given_role
+from workshop.jobs.checks import check_role, given_role, refuse_invalid_request
 from workshop.jobs.common import input_data, say, split_s3
 from workshop.jobs.plan import (
     JobPlan,
@@ -32,6 +32,7 @@ from workshop.jobs.plan import (
     plan_job,
     prepare_launcher,
 )
+from workshop.jobs.shapes import model_source
 from workshop.jobs.trainer import build_from_plan
 from workshop.jobs.tuning import (
     TRIAL_PROGRAM,
@@ -74,6 +75,8 @@ class DryRunRequest(dict):
         self.sm_drivers: dict[str, str] = {}
         self.code_files: list[str] = []
         self.input_channels: list[dict[str, Any]] | None = None  # a tuning request's: its definition's
+        # (member, pattern, why) for each pattern the check could not translate from Java: not checked
+        self.unchecked: list[tuple[str, str, str]] = []
 
     def channel(self, name: str) -> str | None:
         """The S3 URI of input channel `name`, if the request has it."""
@@ -145,16 +148,8 @@ def _dry_run_from_plan(plan: JobPlan, role: str, inputs: Mapping[str, str] | Non
         ) from None
 
     captured: dict[str, Any] = {}
-    invalid: list[str] = []
 
-    def capture(params: dict[str, Any], model: Any = None, **_: Any) -> None:
-        # botocore validates a request after this event: do it here too, so that a dry run shows
-        # only a request the real call would send (a missing required field is a workshop bug).
-        from botocore.validate import ParamValidator
-
-        report = ParamValidator().validate(params, model.input_shape) if model is not None else None
-        if report is not None and report.has_errors():
-            invalid.append(report.generate_report())
+    def capture(params: dict[str, Any], **_: Any) -> None:
         captured.update(copy.deepcopy(params))
         raise _Captured
 
@@ -179,9 +174,11 @@ def _dry_run_from_plan(plan: JobPlan, role: str, inputs: Mapping[str, str] | Non
             pass
         if not captured:
             raise RuntimeError(f"The SageMaker SDK did not call {operation}; cannot dry-run.")
-        if invalid:
-            raise RuntimeError(f"The {operation} request the workshop built is invalid: {invalid[0]}")
+        # The whole service model, not only what botocore checks before sending (required members,
+        # types, minimums): a dry run shows only a request the service would take.
+        unchecked = refuse_invalid_request(operation, captured)
         request = DryRunRequest(captured)
+        request.unchecked = unchecked
         s3 = boto.client("s3")
         if tuning:
             definition = request.get("TrainingJobDefinition", {})
@@ -228,6 +225,9 @@ def _print_dry_run(plan: JobPlan, request: DryRunRequest, role_is_placeholder: b
     if role_is_placeholder:
         placeholders.append(f"role {PLACEHOLDER_ROLE_ARN}")
     say("placeholders: " + "; ".join(placeholders))
+    say(f"request: checked against every constraint of {model_source()} (lengths, patterns, enums, sizes)"
+        + "".join(f"; NOT checked: {member} against the pattern {pattern} ({why})"
+                  for member, pattern, why in request.unchecked))
     say("dry run: nothing was uploaded or created in AWS and nothing was spent.")
 
 

@@ -18,18 +18,21 @@ from typing import Any
 
 from workshop.cloud import aws
 from workshop.cloud.network import EGRESS_CHOICES, network_hourly_usd
+from workshop.cloud.role import role_name, s3_prefixes
 from workshop.errors import WorkshopError
 from workshop.jobs.checks import (
     MAX_RUNTIME_LIMIT_S,
     check_hyperparameters,
     check_instance_type,
+    check_request_fields,
     family,
+    given_role,
     gpus_per_instance,
     is_gpu_instance,
     kind,
     training_instance_types,
 )
-from workshop.jobs.common import CHECKPOINT_DIR, check_s3_uri, say
+from workshop.jobs.common import CHECKPOINT_DIR, check_s3_uri, say, split_s3
 from workshop.jobs.images import (
     SMDDP_IMAGE,
     SMDDP_INSTANCE_TYPES,
@@ -394,7 +397,90 @@ def plan_job(
         max_wait_s=max_wait_s,
     )
     plan = lab.launcher.check(plan)  # the launcher's own offline checks
-    return lab.sagemaker_check(plan) if lab.sagemaker_check else plan
+    plan = lab.sagemaker_check(plan) if lab.sagemaker_check else plan
+    # What the plan puts into the request as it is, against the service model (and AWS's tag rules).
+    check_request_fields({
+        "Tags": plan.tags, "Environment": plan.environment,
+        "AlgorithmSpecification.MetricDefinitions": plan.metric_definitions,
+        "CheckpointConfig.S3Uri": plan.checkpoint_s3_uri, "OutputDataConfig.S3OutputPath": plan.output_s3_uri,
+    })
+    return check_s3_scope(plan, request.role)
+
+
+def _configured_bucket() -> str | None:
+    """The bucket the user's SDK config names for the SDK's files (DefaultS3Bucket), read offline."""
+    from sagemaker.core.common_utils import get_config_value
+
+    return get_config_value(aws.SDK_BUCKET_KEY, aws.sdk_config()) or None
+
+
+def check_s3_scope(plan: JobPlan, role: str | None, bucket: str | None = None,
+                   key_prefix: str | None = None) -> JobPlan:
+    """Refuse S3 locations the job's role could not use, where that role is the workshop's own.
+
+    The workshop's execution role (`workshop.cloud.role.role_policy`, and an event's stack role,
+    which has the same name and policy) may read and write only under the user's S3 prefixes in
+    the SDK's bucket: the data (`<workshop>/<user>/`) and each lab's jobs (`<user>-<lab>/`, after the
+    SDK's key prefix). A `checkpoint_s3_uri` or `output_s3_uri` elsewhere, or a `base_job_name`
+    other than the lab's (the SDK stages the job's code and drivers under it), would fail inside
+    the running job with AccessDenied; they are refused here, with the place that works.
+
+    It applies when the job runs as that role: `role` (else `$WORKSHOP_ROLE_ARN`) names it, or no
+    role is given off SageMaker (the workshop then finds its role by name). A role of the user's
+    own is not checked (a note says so); on SageMaker with no role given the role is not known yet
+    (the notebook's, or an event's stack role): `workshop.runner.run_on_sagemaker` checks again
+    once it is. `bucket`: the bucket the SDK will use, once known; else the SDK config's, or any
+    `sagemaker-<region>-<account>`. `key_prefix`: the SDK's key prefix (default: its config's).
+    """
+    given, _ = given_role(role)
+    what = [(name, uri) for name, uri in (("checkpoint_s3_uri", plan.checkpoint_s3_uri),
+                                          ("output_s3_uri", plan.output_s3_uri)) if uri]
+    lab_base = aws.sanitize_name(f"{aws.user_prefix()}-{plan.lab.key}", BASE_JOB_NAME_MAX)
+    custom_base = plan.base_job_name != lab_base
+    if not what and not custom_base:
+        return plan
+    names = ", ".join([n for n, _ in what] + ["base_job_name"] * custom_base)
+    workshop_role = role_name()
+    if given:
+        if given.rsplit("/", 1)[-1] != workshop_role:
+            note = f"{names}: not checked against the S3 access of {given}, a role of your own (not {workshop_role})"
+            return plan if note in plan.notes else dataclasses.replace(plan, notes=(*plan.notes, note))
+    elif aws.on_sagemaker() and bucket is None:
+        note = f"{names}: checked against the role's S3 access once the role is known (before anything is created)"
+        return plan if note in plan.notes else dataclasses.replace(plan, notes=(*plan.notes, note))
+    key_prefix = aws.sdk_key_prefix() if key_prefix is None else key_prefix
+    bucket = bucket or _configured_bucket()
+    prefixes = s3_prefixes([plan.lab.key], key_prefix=key_prefix)
+    shown_bucket = bucket or f"sagemaker-{plan.region}-<your account>"
+    places = " and ".join(f"s3://{shown_bucket}/{p}" for p in prefixes)
+    why = (f"the workshop's execution role {workshop_role} may read and write only under {places} (for lab "
+           f"{plan.lab.key!r})")
+    other_role = "; or run as a role of your own that may use it (role='arn:aws:iam::<account>:role/<name>')"
+    for name, uri in what:
+        uri_bucket, key = split_s3(uri)
+        bucket_ok = uri_bucket == bucket if bucket else re.fullmatch(rf"sagemaker-{re.escape(plan.region)}-\d{{12}}",
+                                                                      uri_bucket)
+        if bucket_ok and any(key.startswith(p) for p in prefixes):
+            continue
+        suggested = f"s3://{shown_bucket}/{prefixes[-1]}{'checkpoints' if name.startswith('checkpoint') else 'output'}"
+        raise WorkshopError(
+            f"{name}={uri!r} is outside what the job's role may use: {why}, so the job would fail with "
+            "AccessDenied once it started (" + ("syncing its checkpoints" if name.startswith("checkpoint")
+                                                   else "uploading its model") + ").",
+            f"pass {name}={suggested!r}, or leave it out (the SDK's default is under the job's own prefix, "
+            f"s3://{shown_bucket}/{prefixes[-1]}){other_role}.",
+        )
+    if custom_base:
+        staged = aws.s3_key(key_prefix, plan.base_job_name) + "/"
+        if not any(staged.startswith(p) for p in prefixes):
+            raise WorkshopError(
+                f"base_job_name={plan.base_job_name!r}: the SDK stages the job's code and drivers under "
+                f"s3://{shown_bucket}/{staged}, outside what the job's role may use: {why}, so the job could not "
+                "read its own code (AccessDenied).",
+                f"leave base_job_name out (the workshop names the job {lab_base}-<timestamp>)"
+                f"{other_role}.",
+            )
+    return plan
 
 
 def describe_plan(plan: JobPlan) -> None:

@@ -28,10 +28,6 @@ KERNEL_DISPLAY_NAME := Python (distributed training workshop)
 # A SageMaker notebook instance has this file (workshop/cloud/aws.py: NOTEBOOK_METADATA_FILE).
 SAGEMAKER_NOTEBOOK_METADATA := /opt/ml/metadata/resource-metadata.json
 PYTEST_ARGS ?=
-# Test workers for `make test` (pytest-xdist): 2 on CI's 2 cores, where most slow tests wait (rendezvous,
-# host starts, timeouts) more than they compute; a notebook's cells and its sagemaker-mode run stay in one
-# worker (tests/conftest.py: notebook_group). TEST_WORKERS=0 runs everything in one process.
-TEST_WORKERS ?= 2
 # Where torch's CPU build comes from (see the set-up below).
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
@@ -80,13 +76,11 @@ $(DEV_STAMP): requirements-dev.txt $(STAMP)
 
 # Unit and multi-process tests, then every notebook top to bottom (nbval, local mode). Horovod first: from
 # a cached or shared wheel at once, or its compile started in the background (the tests that need it run
-# last and wait for it). The workers take the notebooks first, the longest work; --no-loadscope-reorder
-# keeps that order (tests/conftest.py).
+# last and wait for it).
 test: setup $(DEV_STAMP)
 	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
 	$(BIN)/python -m pytest tests $(wildcard [0-9]_*/*.ipynb) --nbval-lax --nbval-current-env \
-		--nbval-cell-timeout=900 --timeout=1800 --durations=30 \
-		-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+		--nbval-cell-timeout=900 --timeout=1800 --durations=30 $(PYTEST_ARGS)
 
 # The tests that start no training process (tests marked slow and the notebooks left out); a test
 # that is not marked slow and starts training fails (the guard in tests/conftest.py). Tests that need

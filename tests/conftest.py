@@ -432,10 +432,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Any:
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Notebooks (nbval's items, `*.ipynb`) run the labs: they are slow; lab 2's needs Horovod. The
-    tests that need Horovod run last (in their order), so that its background build overlaps the rest.
-    Before them, the notebooks' groups (see `notebook_group`) come first: under pytest-xdist each is
-    one long unit of work, and started first they leave the short tests to fill the workers' ends
-    (`make test` passes --no-loadscope-reorder, which keeps this order)."""
+    tests that need Horovod run last (in their order), so that its background build overlaps the rest."""
     for item in items:
         if str(item.path).endswith(".ipynb"):
             item.add_marker(pytest.mark.slow)
@@ -444,22 +441,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = notebook_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    items[:] = sorted(items, key=lambda item: (item.get_closest_marker("horovod") is not None,
-                                               notebook_group(item) is None))
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("horovod") is not None)
 
 
 def notebook_group(item: pytest.Item) -> str | None:
-    """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`), the items that must run in one
+    """Under pytest-xdist (`-n 2 --dist loadgroup`), the items that must run in one
     worker, one after another: a notebook's cells (nbval runs them in order in one kernel) together
     with the same notebook's sagemaker-mode run, since both modes share the notebook's folders (the
     fault-tolerance notebook clears runs/fault-tolerance at its start, which the other mode is using).
-    None for every other test: those are spread one by one."""
+    None for every other test: those are spread one by one. (Not yet enough for nbval's cells: in a
+    2-worker run of every test they were still spread over both workers, each cell in a fresh kernel,
+    so `make test` runs in one process.)"""
     if str(item.path).endswith(".ipynb"):
-        return f"notebook:{item.path.parent.name}/{item.path.stem}"
+        return f"notebook-{item.path.parent.name}-{item.path.stem}"
     callspec = getattr(item, "callspec", None)
     if item.path.name == "test_notebooks_sagemaker_mode.py" and callspec is not None and "path" in callspec.params:
         path = Path(callspec.params["path"])
-        return f"notebook:{path.parent.name}/{path.stem}"
+        return f"notebook-{path.parent.name}-{path.stem}"
     return None
 
 

@@ -120,19 +120,13 @@ def test_notebooks_are_marked_slow_at_collection_and_horovod_runs_last() -> None
     assert marks == {"1_parameter_server/lab.ipynb": ["slow", "xdist_group"],
                      "2_horovod/horovod.ipynb": ["slow", "horovod", "xdist_group"],
                      "tests/test_hvd.py": ["horovod"], "tests/test_x.py": []}
-    # What needs Horovod runs last (its background build overlaps the rest), each group in its order,
-    # and the notebooks first within each (the longest units of work for the test workers).
+    # What needs Horovod runs last (its background build overlaps the rest), each group in its order.
     assert [str(item.path) for item in items] == [
         "1_parameter_server/lab.ipynb", "tests/test_x.py", "2_horovod/horovod.ipynb", "tests/test_hvd.py"]
-    items = [_Item(path=Path(name), marks=[]) for name in (
-        "tests/test_a.py", "3_data_parallel/data_parallel.ipynb", "tests/test_b.py", "3_data_parallel/data_parallel.ipynb")]
-    conftest.pytest_collection_modifyitems(None, items)
-    assert [str(item.path) for item in items] == [
-        "3_data_parallel/data_parallel.ipynb", "3_data_parallel/data_parallel.ipynb", "tests/test_a.py", "tests/test_b.py"]
 
 
 def test_a_notebooks_cells_and_its_sagemaker_mode_run_share_one_test_worker() -> None:
-    """Under pytest-xdist (make test: -n 2 --dist loadgroup) nbval's cells of one notebook must run in
+    """Under pytest-xdist (-n 2 --dist loadgroup) nbval's cells of one notebook must run in
     order in one kernel, and the notebook's sagemaker-mode run shares its folders: one group for all
     of them, another for each other notebook, and none for the other tests (spread one by one)."""
     def item(path: str, params: dict | None = None) -> _Item:
@@ -148,6 +142,6 @@ def test_a_notebooks_cells_and_its_sagemaker_mode_run_share_one_test_worker() ->
              item("tests/test_fault_tolerance.py"), item("tests/test_fault_tolerance.py", {"n": 2})]
     conftest.pytest_collection_modifyitems(None, items)
     groups = [next((m.args[0] for m in it.marks if m.name == "xdist_group"), None) for it in items]
-    assert groups == ["notebook:3_data_parallel/fault_tolerance"] * 2 + [
-        "notebook:3_data_parallel/data_parallel", "notebook:3_data_parallel/fault_tolerance",
-        "notebook:4_model_parallel/model_parallel", None, None]
+    assert groups == ["notebook-3_data_parallel-fault_tolerance"] * 2 + [
+        "notebook-3_data_parallel-data_parallel", "notebook-3_data_parallel-fault_tolerance",
+        "notebook-4_model_parallel-model_parallel", None, None]

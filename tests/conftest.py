@@ -33,6 +33,45 @@ from workshop import REPO_ROOT
 FIXTURES = Path(__file__).parent / "fixtures"
 PROBE_CODE = FIXTURES / "probe"
 REGION = "us-east-1"
+# Lab 3's training image, the image of the requests the tests build by hand.
+LAB3_IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch:2.13-cpu-amzn2023-sagemaker"
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def tuning_request(**changes: Any) -> dict[str, Any]:
+    """A valid CreateHyperParameterTuningJob request (Grid over lr), with `changes` applied
+    ("Config.Key" and "Definition.Key" reach into the config and the definition; None removes)."""
+    request: dict[str, Any] = {
+        "HyperParameterTuningJobName": "alice-tune-1",
+        "HyperParameterTuningJobConfig": {
+            "Strategy": "Grid",
+            "HyperParameterTuningJobObjective": {"Type": "Maximize", "MetricName": "test_accuracy"},
+            "ResourceLimits": {"MaxParallelTrainingJobs": 1},
+            "ParameterRanges": {"CategoricalParameterRanges": [{"Name": "lr", "Values": ["0.01", "0.05"]}]},
+        },
+        "TrainingJobDefinition": {
+            "StaticHyperParameters": {"epochs": "1", "sagemaker_program": "train.py",
+                                      "sagemaker_submit_directory": "s3://bucket/sourcedir.tar.gz"},
+            "AlgorithmSpecification": {"TrainingImage": LAB3_IMAGE, "TrainingInputMode": "File",
+                                       "MetricDefinitions": [{"Name": "test_accuracy", "Regex": "test_accuracy=(\\S+)"}]},
+            "RoleArn": "arn:aws:iam::123456789012:role/FakeSageMakerTrainingRole",
+            "OutputDataConfig": {"S3OutputPath": "s3://bucket/out"},
+            "ResourceConfig": {"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 30},
+            "StoppingCondition": {"MaxRuntimeInSeconds": 600},
+        },
+    }
+    for key, value in changes.items():
+        where, _, field_name = key.rpartition(".")
+        target = {"": request, "Config": request["HyperParameterTuningJobConfig"],
+                  "Definition": request["TrainingJobDefinition"],
+                  "Limits": request["HyperParameterTuningJobConfig"]["ResourceLimits"]}[where]
+        if value is None:
+            target.pop(field_name, None)
+        else:
+            target[field_name] = value
+    return request
 
 
 # --------------------------------------------------------------------------- data

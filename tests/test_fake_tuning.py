@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
-from conftest import repo_path
+from conftest import LAB3_IMAGE, repo_path, tuning_request
 
-IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch:2.13-cpu-amzn2023-sagemaker"  # lab 3's image
+IMAGE = LAB3_IMAGE
 LAB3_CODE = repo_path("3_data_parallel", "code")
 QUICK = {"epochs": 1, "max-steps": 5, "log-interval": 1, "batch-size": 32}  # a few seconds per host
 
@@ -120,40 +120,6 @@ def configuration(lines: list[str]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the request, checked
 
 
-def _request(**changes: Any) -> dict[str, Any]:
-    """A valid CreateHyperParameterTuningJob request (Grid over lr), with `changes` applied
-    ("Config.Key" and "Definition.Key" reach into the config and the definition; None removes)."""
-    request: dict[str, Any] = {
-        "HyperParameterTuningJobName": "alice-tune-1",
-        "HyperParameterTuningJobConfig": {
-            "Strategy": "Grid",
-            "HyperParameterTuningJobObjective": {"Type": "Maximize", "MetricName": "test_accuracy"},
-            "ResourceLimits": {"MaxParallelTrainingJobs": 1},
-            "ParameterRanges": {"CategoricalParameterRanges": [{"Name": "lr", "Values": ["0.01", "0.05"]}]},
-        },
-        "TrainingJobDefinition": {
-            "StaticHyperParameters": {"epochs": "1", "sagemaker_program": "train.py",
-                                      "sagemaker_submit_directory": "s3://bucket/sourcedir.tar.gz"},
-            "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File",
-                                       "MetricDefinitions": [{"Name": "test_accuracy", "Regex": "test_accuracy=(\\S+)"}]},
-            "RoleArn": "arn:aws:iam::123456789012:role/FakeSageMakerTrainingRole",
-            "OutputDataConfig": {"S3OutputPath": "s3://bucket/out"},
-            "ResourceConfig": {"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 30},
-            "StoppingCondition": {"MaxRuntimeInSeconds": 600},
-        },
-    }
-    for key, value in changes.items():
-        where, _, field_name = key.rpartition(".")
-        target = {"": request, "Config": request["HyperParameterTuningJobConfig"],
-                  "Definition": request["TrainingJobDefinition"],
-                  "Limits": request["HyperParameterTuningJobConfig"]["ResourceLimits"]}[where]
-        if value is None:
-            target.pop(field_name, None)
-        else:
-            target[field_name] = value
-    return request
-
-
 _CONTINUOUS_LR = {"ContinuousParameterRanges": [{"Name": "lr", "MinValue": "0.001", "MaxValue": "0.1"}]}
 _INVALID = {
     "name too long": ({"HyperParameterTuningJobName": "a" * 33}, "Member must have length less than or equal to 32"),
@@ -168,7 +134,7 @@ _INVALID = {
     "tuned and static": ({"Definition.StaticHyperParameters": {"lr": "0.1", "sagemaker_program": "train.py"}},
                          "lr are both static"),
     "no parallel jobs": ({"Limits.MaxParallelTrainingJobs": 0}, "Member must have value greater than or equal to 1"),
-    "several definitions": ({"TrainingJobDefinitions": [{"DefinitionName": "a", **_request()["TrainingJobDefinition"]}]},
+    "several definitions": ({"TrainingJobDefinitions": [{"DefinitionName": "a", **tuning_request()["TrainingJobDefinition"]}]},
                             "fake_sagemaker does not simulate TrainingJobDefinitions"),  # whole: the model needs it
     "too few combinations": ({"Config.Strategy": "Random", "Limits.MaxNumberOfTrainingJobs": 3},
                              "You don't have enough combinations of hyperparameter ranges"),
@@ -185,7 +151,7 @@ def test_bad_requests_are_validation_exceptions_and_nothing_runs(fake: Any, case
     changes, message = _INVALID[case]
     sm = _sagemaker(fake, validate=False)
     with pytest.raises(ClientError) as err:
-        sm.create_hyper_parameter_tuning_job(**_request(**copy.deepcopy(changes)))
+        sm.create_hyper_parameter_tuning_job(**tuning_request(**copy.deepcopy(changes)))
     assert err.value.response["Error"]["Code"] == "ValidationException"
     assert message in err.value.response["Error"]["Message"]
     assert fake.tuning_jobs == [] and fake.jobs == []  # nothing ran ...
@@ -196,7 +162,7 @@ def test_bad_requests_are_validation_exceptions_and_nothing_runs(fake: Any, case
 def test_trials_of_a_grid_and_of_a_seeded_random_search() -> None:
     import fake_sagemaker
 
-    grid = _request(**{"Config.ParameterRanges": {"CategoricalParameterRanges": [
+    grid = tuning_request(**{"Config.ParameterRanges": {"CategoricalParameterRanges": [
         {"Name": "lr", "Values": ["0.01", "0.05"]}, {"Name": "batch-size", "Values": ["32", "64"]}]}})
     config = grid["HyperParameterTuningJobConfig"]
     assert fake_sagemaker.validate_tuning_request(grid)
@@ -206,7 +172,7 @@ def test_trials_of_a_grid_and_of_a_seeded_random_search() -> None:
     ranges = {"IntegerParameterRanges": [{"Name": "batch-size", "MinValue": "16", "MaxValue": "128"}],
               "ContinuousParameterRanges": [{"Name": "lr", "MinValue": "0.001", "MaxValue": "0.1",
                                              "ScalingType": "Logarithmic"}]}
-    search = _request(**{"Config.Strategy": "Random", "Config.RandomSeed": 7, "Limits.MaxNumberOfTrainingJobs": 40,
+    search = tuning_request(**{"Config.Strategy": "Random", "Config.RandomSeed": 7, "Limits.MaxNumberOfTrainingJobs": 40,
                          "Config.ParameterRanges": ranges})
     config = search["HyperParameterTuningJobConfig"]
     fake_sagemaker.validate_tuning_request(search)
@@ -357,7 +323,7 @@ def test_stopping_a_tuning_job_stops_its_running_trial_and_starts_no_other(fake:
     s3 = boto3.Session(region_name=fake.region).client("s3")
     s3.create_bucket(Bucket="bucket")
     s3.put_object(Bucket="bucket", Key="src/sourcedir.tar.gz", Body=archive.getvalue())
-    request = _request(**{"Definition.StaticHyperParameters": {
+    request = tuning_request(**{"Definition.StaticHyperParameters": {
         "sagemaker_program": "train.py", "sagemaker_submit_directory": "s3://bucket/src/sourcedir.tar.gz"}})
     errors: list[BaseException] = []
 

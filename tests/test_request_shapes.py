@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from conftest import LAB3_IMAGE, tuning_request
 
 from workshop import jobs as sj
 from workshop import runner
@@ -34,7 +35,7 @@ REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's account, and the dry run's placeholder
 BUCKET = f"sagemaker-{REGION}-{ACCOUNT}"
 LAB3 = get_lab("data_parallel")
-IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch:2.13-cpu-amzn2023-sagemaker"
+IMAGE = LAB3_IMAGE
 USER = "alice"
 
 
@@ -261,21 +262,8 @@ def test_the_fake_checks_a_tuning_jobs_definition_and_tags_too() -> None:
     import fake_sagemaker
     from moto.sagemaker.exceptions import ValidationError
 
-    job = _job()
-    request = {
-        "HyperParameterTuningJobName": "alice-tune-1",
-        "HyperParameterTuningJobConfig": {
-            "Strategy": "Grid", "ResourceLimits": {"MaxParallelTrainingJobs": 1},
-            "HyperParameterTuningJobObjective": {"Type": "Maximize", "MetricName": "test_accuracy"},
-            "ParameterRanges": {"CategoricalParameterRanges": [{"Name": "lr", "Values": ["0.01", "0.05"]}]},
-        },
-        "TrainingJobDefinition": {
-            **{k: job[k] for k in ("AlgorithmSpecification", "RoleArn", "OutputDataConfig", "ResourceConfig",
-                                   "StoppingCondition", "Environment")},
-            "StaticHyperParameters": {"epochs": "1"},
-        },
-        "Tags": [{"Key": "workshop", "Value": "distributed-training-workshop"}],
-    }
+    request = tuning_request(**{"Definition.Environment": _job()["Environment"],
+                                "Tags": [{"Key": "workshop", "Value": "distributed-training-workshop"}]})
     assert fake_sagemaker.validate_tuning_request(copy.deepcopy(request))
     bad = copy.deepcopy(request)
     bad["TrainingJobDefinition"]["Environment"] = {f"V{i}": "x" for i in range(49)}  # a tuning job's limit: 48

@@ -347,22 +347,6 @@ def test_a_fault_for_a_lab_that_cannot_inject_one_is_refused_before_anything_sta
     assert not (tmp_path / "data").exists()
 
 
-def test_lab_4_checkpointing_on_several_hosts_without_a_shared_folder_is_refused_before_anything_starts(tmp_path, capsys):
-    """The issue: refused only after ~25 s of training, when the first checkpoint lacked the other host's shard."""
-    code = main(["run", "model_parallel", "--hp", "checkpoint-every=20", "--data-dir", str(tmp_path / "corpus")])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.startswith("error: Lab 'model_parallel' writes a checkpoint every 20 steps (--checkpoint-every), each "
-                          "rank its own shard of it into one folder its 2 hosts must share, and without "
-                          "--checkpoint-dir they share none"), err
-    assert "Fix: pass --checkpoint-dir DIR" in err and "--hosts 1" in err
-    code = main(["tune", "model_parallel", "--param", "lr=0.001,0.002", "--hp", "checkpoint-every=20", "--data-dir",
-                 str(tmp_path / "corpus")])  # the same for every trial of a search, said once
-    err = capsys.readouterr().err
-    assert code == 2 and "a search's trials share none" in err and "Fix: run on one host (--hosts 1)" in err, err
-    assert not (tmp_path / "corpus").exists()
-
-
 @pytest.mark.parametrize(("argv", "typed"), [
     (["tune", "data_parallel", "--param", "lr=0,0.1"], "--param lr=VALUES"),
     (["tune", "data_parallel", "--param", "batch-size=64,5000"], "--param batch-size=VALUES"),

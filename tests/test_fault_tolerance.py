@@ -186,8 +186,9 @@ def test_spot_jobs_are_checked_against_the_spot_quota():
 @pytest.mark.slow
 def test_the_cli_kills_a_rank_on_another_host_and_the_run_recovers_exactly(tmp_path, mnist_dir, capsys):
     """`run data_parallel --hosts 2 --fault kill-rank=1@step=30 --max-restarts 1` on the local cluster, where
-    each host has its own checkpoint folder (as SageMaker's hosts do): rank 1 dies on algo-2 after step 30,
-    torchrun restarts both ranks, rank 0 resumes from its step-20 checkpoint on algo-1 and knows exactly
+    each host has its own checkpoint folder (as SageMaker's hosts do), synced with --checkpoint-dir (the S3
+    URI's stand-in): rank 1 dies on algo-2 after step 30, torchrun restarts both ranks, rank 0 resumes from
+    its step-20 checkpoint on algo-1 (the only host that has it) and sends it to rank 1, and knows exactly
     what was lost (the fault record was written on the other host) and when it struck. The run ends with
     the uninterrupted run's weights, bit for bit."""
     def run(name: str, *extra: str) -> tuple[str, list[dict]]:
@@ -197,7 +198,8 @@ def test_the_cli_kills_a_rank_on_another_host_and_the_run_recovers_exactly(tmp_p
         assert code == 0, out[-4000:]
         return out, metrics.parse_lines(out.splitlines())
 
-    out, faulted = run("faulted", "--fault", "kill-rank=1@step=30", "--max-restarts", "1")
+    store = tmp_path / "store"
+    out, faulted = run("faulted", "--fault", "kill-rank=1@step=30", "--max-restarts", "1", "--checkpoint-dir", str(store))
     assert "FAULT: killing rank 1 at step 30 (--fault kill-rank=1@step=30)" in out
     assert "resumed from /opt/ml/checkpoints/checkpoint.pt at step 20 (restart 1)" in out
     assert "10 step(s) to do again: the failed attempt had finished step 30 (its fault record)" in out
@@ -205,6 +207,11 @@ def test_the_cli_kills_a_rank_on_another_host_and_the_run_recovers_exactly(tmp_p
     assert (recovered["resumed_step"], recovered["lost_steps"]) == (20, 10)
     assert 0 < recovered["recover_s"] < 120
     assert re.search(r"recovered 1 time\(s\): resumed at step 20, 10 step\(s\) redone, \d+\.\d s from the failure", out)
+    [folder] = (tmp_path / "faulted" / "runs").iterdir()
+    algo1, algo2 = (folder / host / "checkpoints" for host in ("algo-1", "algo-2"))
+    assert (algo1 / "checkpoint.pt").is_file() and not (algo2 / "checkpoint.pt").exists()  # rank 0's, on algo-1
+    assert (algo2 / "fault.json").is_file() and not (algo1 / "fault.json").exists()  # the dying rank's, on algo-2
+    assert (store / "checkpoint.pt").read_bytes() == (algo1 / "checkpoint.pt").read_bytes()
     _, plain = run("plain")
 
     def final(records: list[dict], key: str):

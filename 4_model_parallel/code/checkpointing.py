@@ -352,11 +352,12 @@ def load_checkpoint(path: Path, model, optimizer) -> None:
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
-def files_to_read(path: Path, state: dict, rank: int) -> set[str] | tuple[str, str]:
+def files_to_read(path: Path, state: dict | None, rank: int) -> set[str] | tuple[str, str]:
     """The files of checkpoint `path` this rank reads to load `state` (its own shards' layout): what DCP's
     load plan names (a rank reads its own shards' slices, and each replicated value, such as the optimizer's
-    step counts, from the one rank's file it was saved in), the index, and rank 0's meta.pt. Where the index
-    cannot be read on this host: ("incomplete" or "damaged", why)."""
+    step counts, from the one rank's file it was saved in), the index, and rank 0's meta.pt; every file
+    where no plan can be made (no `state`, a checkpoint of another model). Where the index cannot be read
+    on this host: ("incomplete" or "damaged", why)."""
     from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 
     if not (path / ".metadata").is_file():
@@ -367,7 +368,7 @@ def files_to_read(path: Path, state: dict, rank: int) -> set[str] | tuple[str, s
     except Exception as exc:  # whatever a damaged pickle raises (with no checksums to say so first)
         return "damaged", f".metadata cannot be read ({type(exc).__name__}: {exc})"
     files = {info.relative_path for info in metadata.storage_data.values()}
-    with contextlib.suppress(Exception):  # a checkpoint of another model: every file (resume says why from meta.pt)
+    with contextlib.suppress(Exception):  # another model's checkpoint: every file (resume says why, from meta.pt)
         planner = DefaultLoadPlanner()
         planner.set_up_planner(state, metadata, is_coordinator=False)
         files = {metadata.storage_data[item.storage_index].relative_path for item in planner.create_local_plan().items}
@@ -467,12 +468,15 @@ def resume(args: argparse.Namespace, model, optimizer, gen: torch.Generator, ran
         dist.broadcast_object_list(names, src=0)
     chosen, damaged = None, []
     if names[0]:
-        model_state, optim_state = get_state_dict(model, optimizer)  # this world's layout: what each rank reads
+        try:  # this world's layout: what each rank reads
+            model_state, optim_state = get_state_dict(model, optimizer)
+            state = {"model": model_state, "optim": optim_state}
+        except Exception:  # ZeroRedundancyOptimizer: refused below, with the fix, once a checkpoint is chosen
+            state = None
         device = next(iter(model.parameters())).device
         for name in names[0]:
             path = ckpt_dir / name
-            mine = (host, host_files(path) if first else None,
-                    files_to_read(path, {"model": model_state, "optim": optim_state}, rank))
+            mine = (host, host_files(path) if first else None, files_to_read(path, state, rank))
             reports = [mine]
             if distributed:
                 reports = [None] * world_size

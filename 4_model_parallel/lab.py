@@ -102,7 +102,6 @@ LAB = Lab(
     routes=(SMP_ROUTE,),
     sagemaker_check=check_job,
     checkpoint_flag="checkpoint-every",  # its default, 0, writes no checkpoint (the measurements stay clean)
-    checkpoints_shared=True,  # each rank saves its own shard (DCP): the hosts need one checkpoint folder
     profile_flag="profile-steps",  # `python -m workshop profile model_parallel`: torch.profiler traces per rank
     aliases=("4", "4_model_parallel", "fsdp", "mp"),
 )

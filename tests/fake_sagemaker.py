@@ -52,8 +52,12 @@ SDK uploaded, and each CreateHyperParameterTuningJob run its training jobs (6. b
    `EnableNetworkIsolation`, or in VPC subnets whose route table has no 0.0.0.0/0 route to a
    NAT or internet gateway (read from moto's EC2), the hosts reach only each other; otherwise
    they reach the internet (through an HTTPS proxy: `workshop.runtime.hostns`).
-   `CheckpointConfig.S3Uri` is synced into the hosts' checkpoint folders before the run and
-   back after it. `MaxRuntimeInSeconds` is the run's time limit. Where Linux does not allow
+   `CheckpointConfig.S3Uri` is synced as SageMaker syncs it: its files are downloaded into a folder
+   standing for it, which the local cluster syncs with each host's own checkpoint folder (every host
+   starts with its files; what a host writes or deletes reaches it while the job runs, the last
+   writer's copy staying; no host sees another's files: `workshop.runtime.checkpoint_sync`); once the
+   hosts are gone, that folder goes to S3, and the keys the job downloaded and its hosts deleted are
+   deleted (the real sync reaches S3 while the job runs). `MaxRuntimeInSeconds` is the run's time limit. Where Linux does not allow
    unprivileged namespaces the local cluster's process runtime runs instead (the driver
    directly, master on 127.0.0.1, no network isolation) and `JobRun.runtime` says so.
 3b. **The framework toolkit, when there is no ContainerEntrypoint** (`JobRun.launch` "toolkit").
@@ -151,16 +155,17 @@ SDK uploaded, and each CreateHyperParameterTuningJob run its training jobs (6. b
    `spot_interruptions` times (`FakeSageMaker(spot_interruptions=N)`, env
    FAKE_SAGEMAKER_SPOT_INTERRUPTIONS, default 0; an attribute, so `fake_sagemaker.active().
    spot_interruptions = 1` changes a running fake). Each interruption: the fake waits until the
-   attempt's hosts have written a checkpoint (a file under the checkpoint folder they share that was
-   not there, or not so, when the attempt started; files still being written and the labs' progress
-   records do not count: `SPOT_NOT_CHECKPOINTS`), or, when none appears, `spot_checkpoint_wait_s`
-   (env FAKE_SAGEMAKER_SPOT_CHECKPOINT_WAIT_S, default 60) seconds into the attempt, and says which;
+   attempt's hosts have written a checkpoint (a file their checkpoint folders' sync brought to the S3
+   URI's stand-in that was not there, or not so, when the attempt started; files still being written
+   and the labs' progress records do not count: `SPOT_NOT_CHECKPOINTS`), or, when none appears,
+   `spot_checkpoint_wait_s` (env FAKE_SAGEMAKER_SPOT_CHECKPOINT_WAIT_S, default 60) seconds into the
+   attempt, and says which;
    then every host gets SIGTERM (as StopTrainingJob stops them) and the local cluster stops what is
-   left as it stops any failed run; the checkpoint folder is uploaded to CheckpointConfig.S3Uri; the
+   left as it stops any failed run; what the hosts synced goes to CheckpointConfig.S3Uri; the
    job shows `Interrupted` and waits `spot_restart_wait_s` (env FAKE_SAGEMAKER_SPOT_RESTART_WAIT_S,
    default 5) for "spot capacity" (on SageMaker minutes or hours, unknown in advance: not modelled);
    then it starts again from nothing but what SageMaker gives a new attempt: new hosts (their own
-   folders, `<job>/attempt-N/`), the input channels downloaded again, the checkpoint folder
+   folders, `<job>/attempt-N/`), the input channels downloaded again, every host's checkpoint folder
    downloaded from S3 (`Starting`, `Downloading`, `Training` again, as the developer guide's "Managed
    Spot Training Lifecycle" shows). The attempt after the last interruption runs to its end.
    Each attempt's hosts log to new CloudWatch streams (`<job>/algo-N-<epoch seconds of that
@@ -366,11 +371,12 @@ class _Attempt:
     """One attempt at a job (`FakeSageMaker._attempt`): what its hosts did, and how it ended."""
 
     result: Any  # the local cluster's ClusterResult
-    checkpoint_dir: Path | None  # the hosts' checkpoint folder (the S3 URI's stand-in), if the job has one
+    checkpoint_dir: Path | None  # the S3 URI's stand-in, synced with each host's own checkpoint folder, if any
     lines: list[str]  # its log lines, without the local prefixes, in order
     record: dict[str, Any]  # what JobRun.attempts shows of it
     interrupted: bool  # the spot watcher reclaimed its hosts
     timed_out: bool | str  # past its time limit ("run" or "wait" once `_run` knows which limit it was)
+    downloaded: list[str] = field(default_factory=list)  # the checkpoint files it started with, from S3
 
 
 @dataclass
@@ -959,7 +965,7 @@ class FakeSageMaker:
             # continuous; here the folder is uploaded whole once the hosts are gone).
             run.interruptions += 1
             if attempt.checkpoint_dir is not None and attempt.checkpoint_dir.is_dir():
-                _upload_dir(s3, attempt.checkpoint_dir, checkpoint["S3Uri"])
+                _sync_checkpoints(s3, attempt, checkpoint["S3Uri"])
             transitions[-1]["EndTime"] = _now()
             transitions.append({"Status": "Interrupted", "StartTime": _now(), "StatusMessage": (
                 f"Training job interrupted: its spot instances were reclaimed (fake_sagemaker, interruption "
@@ -1018,7 +1024,7 @@ class FakeSageMaker:
         else:
             transitions.append({"Status": "Uploading", "StartTime": _now(), "StatusMessage": "Uploading generated training model"})
         if checkpoint_dir is not None and checkpoint_dir.is_dir():
-            _upload_dir(s3, checkpoint_dir, checkpoint["S3Uri"])
+            _sync_checkpoints(s3, attempt, checkpoint["S3Uri"])
         # SageMaker saves the model of a job stopped at max runtime, or by StopTrainingJob, too: every
         # host's /opt/ml/model in one model.tar.gz, every host's /opt/ml/output/data in output.tar.gz
         if result.ok or timed_out or stop.is_set():
@@ -1076,11 +1082,12 @@ class FakeSageMaker:
         extra_env = {k: str(v) for k, v in environment.items() if k not in dropped}
         extra_env["TRAINING_JOB_NAME"] = name  # SageMaker's value, not the local cluster's run name
         checkpoint = request.get("CheckpointConfig") or {}
-        checkpoint_dir = None
+        checkpoint_dir, downloaded = None, []
         if checkpoint.get("S3Uri"):
             checkpoint_dir = adir / "checkpoints-s3"
             checkpoint_dir.mkdir(parents=True, exist_ok=True)
             _download_prefix(s3, checkpoint["S3Uri"], checkpoint_dir)
+            downloaded = _files(checkpoint_dir)
         run.hosts, run.procs_per_host = hosts, launch.procs
         run.hyperparameters = {k: safe_deserialize(v) for k, v in (request.get("HyperParameters") or {}).items()}
         run.driver, run.launch = launch.driver, launch.kind
@@ -1168,7 +1175,7 @@ class FakeSageMaker:
         record["log_streams"] = streams
         run.attempts.append(record)
         return _Attempt(result=result, checkpoint_dir=checkpoint_dir, lines=ordered, record=record,
-                        interrupted=interrupted, timed_out=timed_out)
+                        interrupted=interrupted, timed_out=timed_out, downloaded=downloaded)
 
     @staticmethod
     def _sm_train_launch(request: dict[str, Any], local_channels: dict[str, Path], command: list[str]) -> _Launch:
@@ -1395,6 +1402,18 @@ def _upload_dir(s3: Any, folder: Path, uri: str) -> None:
         s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
 
 
+def _sync_checkpoints(s3: Any, attempt: _Attempt, uri: str) -> None:
+    """What the attempt's hosts left in S3 once they are gone: the local cluster has synced each host's
+    checkpoint folder with `attempt.checkpoint_dir` as SageMaker syncs it with `uri` (what a host wrote or
+    changed, the last writer's copy, and what it deleted: `workshop.runtime.checkpoint_sync`); that folder
+    goes to `uri`, and the keys the attempt downloaded and its hosts deleted are deleted. (The real sync is
+    continuous; here it reaches S3 once the hosts are gone.)"""
+    _upload_dir(s3, attempt.checkpoint_dir, uri)
+    bucket, prefix = _split_s3(uri)
+    for relative in sorted(set(attempt.downloaded) - set(_files(attempt.checkpoint_dir))):
+        s3.delete_object(Bucket=bucket, Key="/".join(part for part in (prefix.rstrip("/"), relative) if part))
+
+
 def _tar_gz(*folders: Path) -> bytes:
     """`model.tar.gz` (or `output.tar.gz`) of the hosts' folders' contents, member names relative to
     each: SageMaker aggregates every host's folder into one archive. Hosts should not write the same
@@ -1491,8 +1510,9 @@ def _checkpoint_state(folder: Path | None) -> dict[str, tuple[int, int, int]]:
 def _reclaim_when_checkpointed(name: str, folder: Path | None, before: dict[str, tuple[int, int, int]], wait_s: float,
                                reclaim: threading.Event, done: threading.Event, found: dict[str, Any]) -> None:
     """The spot interruption of one attempt: set `reclaim` (which `_stop_when_asked` turns into
-    SIGTERM for every host) once the hosts have written a checkpoint, a checkpoint file under the
-    hosts' shared checkpoint folder that was not there (or not so) at the attempt's start, or, if
+    SIGTERM for every host) once the hosts have written a checkpoint, a checkpoint file under `folder`
+    (the S3 URI's stand-in, which the hosts' own folders are synced with) that was not there (or not so)
+    at the attempt's start, or, if
     none appears, `wait_s` seconds into the attempt. `found["why"]` says which."""
     t0 = time.monotonic()
     while not done.wait(0.2):

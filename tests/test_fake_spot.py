@@ -238,6 +238,56 @@ def test_lab3_on_spot_is_interrupted_once_and_completes_from_its_checkpoint(fake
           f"final test accuracy {final:.4f}")
 
 
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from workshop.datasets.corpus import prepare_corpus
+
+    return prepare_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.mark.slow
+def test_lab4_on_two_spot_instances_resumes_from_the_shards_every_host_uploaded(fake: Any, corpus: Any) -> None:
+    """Lab 4 on 2 spot instances: each host writes its own ranks' shards (and a copy of the index) into a
+    checkpoint folder of its own, and every host's folder syncs with the one S3 URI, so S3 holds the whole
+    checkpoint and the second attempt's hosts download it whole. Before: the fake gave every host one
+    folder, which hid that the first save fails on SageMaker ("lacks __1_0.distcp")."""
+    import boto3
+
+    from workshop.labs import get_lab
+    from workshop.runner import run_on_sagemaker
+
+    hyperparameters = {"steps": 40, "checkpoint-every": 10, "log-interval": 5, "layers": 2, "d-model": 64,
+                       "seq-len": 32, "batch-size": 8}
+    result = run_on_sagemaker(get_lab("model_parallel"), hosts=2, procs_per_host=1, spot=True, max_run_s=900,
+                              hyperparameters=hyperparameters, data_dir=corpus.root, confirm_cost=True)
+    assert result.status == "Completed", result.failure_reason
+    [run] = fake.jobs
+    assert [a["outcome"] for a in run.attempts] == ["interrupted", "completed"]
+    lines = streams(fake, result.job_name)
+    second = [line for s in run.attempts[1]["log_streams"] for line in lines[s.split("/", 1)[1]]]
+    resumed = [m for line in second if (m := re.match(r"resumed from /opt/ml/checkpoints/step-(\d+) at step \d+ \(restart 0\)", line))]
+    if resumed:  # the usual case: the interruption came once both hosts had renamed their step-N.partial
+        assert int(resumed[0].group(1)) % 10 == 0 and len(resumed) == 1
+    else:  # it came between the two hosts' renames: a save cut short, as a .partial folder on one host is
+        assert any(re.match(r"The checkpoint /opt/ml/checkpoints/step-\d+ is incomplete: ", line) for line in second), second
+    assert not any(line.startswith("Fetched ") for line in second)  # every host downloaded every file
+    # S3 holds every host's files together (and what the rotation deleted, deleted); no host held them all.
+    described = boto3.Session(region_name=fake.region).client("sagemaker").describe_training_job(
+        TrainingJobName=result.job_name)
+    bucket, _, prefix = described["CheckpointConfig"]["S3Uri"][len("s3://"):].partition("/")
+    keys = {o["Key"][len(prefix.rstrip("/")) + 1:]
+            for o in boto3.Session(region_name=fake.region).client("s3").list_objects_v2(
+                Bucket=bucket, Prefix=prefix)["Contents"]}
+    step40 = {".metadata", "meta.pt", "checksums.json", "__0_0.distcp", "__1_0.distcp"}
+    assert {k.split("/", 1)[1] for k in keys if k.startswith("step-40/")} == step40
+    assert {k.split("/", 1)[0] for k in keys if k.startswith("step-")} == {"step-30", "step-40"}, sorted(keys)
+    hosts = Path(run.workdir) / "attempt-2" / "hosts"
+    for host, own in (("algo-1", "__0_0.distcp"), ("algo-2", "__1_0.distcp")):
+        held = {p.name for p in (hosts / host / "checkpoints" / "step-40").iterdir()}
+        assert held == {".metadata", "meta.pt", "checksums.json", own}, (host, held)
+
+
 _SLEEPER = '''\
 import os, pathlib, sys, time
 folder = pathlib.Path("/opt/ml/checkpoints")

@@ -186,8 +186,9 @@ def test_spot_jobs_are_checked_against_the_spot_quota():
 @pytest.mark.slow
 def test_the_cli_kills_a_rank_on_another_host_and_the_run_recovers_exactly(tmp_path, mnist_dir, capsys):
     """`run data_parallel --hosts 2 --fault kill-rank=1@step=30 --max-restarts 1` on the local cluster, where
-    each host has its own checkpoint folder (as SageMaker's hosts do): rank 1 dies on algo-2 after step 30,
-    torchrun restarts both ranks, rank 0 resumes from its step-20 checkpoint on algo-1 and knows exactly
+    each host has its own checkpoint folder (as SageMaker's hosts do), synced with --checkpoint-dir (the S3
+    URI's stand-in): rank 1 dies on algo-2 after step 30, torchrun restarts both ranks, rank 0 resumes from
+    its step-20 checkpoint on algo-1 (the only host that has it) and sends it to rank 1, and knows exactly
     what was lost (the fault record was written on the other host) and when it struck. The run ends with
     the uninterrupted run's weights, bit for bit."""
     def run(name: str, *extra: str) -> tuple[str, list[dict]]:
@@ -197,7 +198,8 @@ def test_the_cli_kills_a_rank_on_another_host_and_the_run_recovers_exactly(tmp_p
         assert code == 0, out[-4000:]
         return out, metrics.parse_lines(out.splitlines())
 
-    out, faulted = run("faulted", "--fault", "kill-rank=1@step=30", "--max-restarts", "1")
+    store = tmp_path / "store"
+    out, faulted = run("faulted", "--fault", "kill-rank=1@step=30", "--max-restarts", "1", "--checkpoint-dir", str(store))
     assert "FAULT: killing rank 1 at step 30 (--fault kill-rank=1@step=30)" in out
     assert "resumed from /opt/ml/checkpoints/checkpoint.pt at step 20 (restart 1)" in out
     assert "10 step(s) to do again: the failed attempt had finished step 30 (its fault record)" in out
@@ -205,6 +207,11 @@ def test_the_cli_kills_a_rank_on_another_host_and_the_run_recovers_exactly(tmp_p
     assert (recovered["resumed_step"], recovered["lost_steps"]) == (20, 10)
     assert 0 < recovered["recover_s"] < 120
     assert re.search(r"recovered 1 time\(s\): resumed at step 20, 10 step\(s\) redone, \d+\.\d s from the failure", out)
+    [folder] = (tmp_path / "faulted" / "runs").iterdir()
+    algo1, algo2 = (folder / host / "checkpoints" for host in ("algo-1", "algo-2"))
+    assert (algo1 / "checkpoint.pt").is_file() and not (algo2 / "checkpoint.pt").exists()  # rank 0's, on algo-1
+    assert (algo2 / "fault.json").is_file() and not (algo1 / "fault.json").exists()  # the dying rank's, on algo-2
+    assert (store / "checkpoint.pt").read_bytes() == (algo1 / "checkpoint.pt").read_bytes()
     _, plain = run("plain")
 
     def final(records: list[dict], key: str):
@@ -213,3 +220,59 @@ def test_the_cli_kills_a_rank_on_another_host_and_the_run_recovers_exactly(tmp_p
 
     assert final(faulted, "weights_sha256") == final(plain, "weights_sha256")
     assert final(faulted, "final_test_accuracy") == final(plain, "final_test_accuracy") >= 0.9
+
+
+# ----------------------------------------------------------------------------- each host its own checkpoint folder (slow)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from workshop.datasets.corpus import prepare_corpus
+
+    return prepare_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def _final(result, key: str):
+    [value] = [r[key] for r in result.records if key in r and r.get("rank") == 0]
+    return value
+
+
+@pytest.mark.slow
+def test_lab4_on_two_hosts_heals_in_place_from_shards_no_host_shares(tmp_path, corpus):
+    """Lab 4 on 2 hosts, a sharded (DCP) checkpoint every 10 steps, rank 1 killed after step 25, --max-restarts 1,
+    with each host's checkpoint folder its own, as on SageMaker (the store, --checkpoint-dir, is the S3 URI's
+    stand-in). Before: the first save failed ("lacks __1_0.distcp": rank 1 wrote its shard on algo-2), and
+    had it not, the restarted ranks would have found neither the index nor the other host's shard. Now each
+    host keeps its own ranks' shards and a copy of the index, the restarted ranks resume from step 20 on
+    their own hosts, a file one rank reads from the other host's shard comes over the process group, and
+    the run ends with the uninterrupted run's loss; the store holds the whole checkpoint."""
+    from workshop.runner import run_local
+
+    hps = {"steps": 30, "checkpoint-every": 10, "log-interval": 5, "threads": 1}
+    common = dict(hosts=2, data_dir=corpus.root, echo=False, check=False)
+    store = tmp_path / "store"
+    faulted = run_local(LAB4, max_restarts=1, checkpoint_dir=store, workdir=tmp_path / "faulted",
+                        hyperparameters={**hps, "fault": "kill-rank=1@step=25"}, **common)
+    assert faulted.ok, faulted.failure
+    text = "\n".join(faulted.lines)
+    assert "FAULT: killing rank 1 at step 25 (--fault kill-rank=1@step=25)" in text
+    assert "resumed from /opt/ml/checkpoints/step-20 at step 20 (restart 1)" in text
+    assert "5 step(s) to do again: the failed attempt had finished step 25 (its fault record)" in text
+    # Each rank reads its own shard, and the values every rank holds (the optimizer's step counts, its
+    # settings) from the one file DCP saved them in: that file came over from the host that wrote it.
+    assert re.search(r"Fetched step-20/__\d_0\.distcp \([\d,]+ bytes\) from rank \d's host", text), text[-3000:]
+    [recovered] = [r for r in faulted.records if "resumed_step" in r]
+    assert (recovered["resumed_step"], recovered["lost_steps"]) == (20, 5)
+    # Each host holds its own ranks' shards and a copy of the index; the store, every host's files together.
+    index = [".metadata", "checksums.json", "meta.pt"]
+    for host, shard in zip(faulted.hosts, ("__0_0.distcp", "__1_0.distcp"), strict=True):
+        assert sorted(p.name for p in (host.checkpoint_dir / "step-30").iterdir()) == sorted([*index, shard]), host.name
+        assert (host.checkpoint_dir / "latest").read_text() == "step-30"
+    assert sorted(p.name for p in (store / "step-30").iterdir()) == sorted([*index, "__0_0.distcp", "__1_0.distcp"])
+    assert sorted(p.name for p in store.glob("step-*")) == ["step-20", "step-30"]  # the rotation reached the store
+    assert (store / "latest").read_text() == "step-30"
+
+    plain = run_local(LAB4, workdir=tmp_path / "plain", hyperparameters=hps, **common)
+    assert plain.ok, plain.failure
+    assert _final(faulted, "final_train_loss") == _final(plain, "final_train_loss")
+    assert _final(faulted, "test_accuracy") == _final(plain, "test_accuracy")

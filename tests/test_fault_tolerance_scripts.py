@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -271,6 +272,41 @@ def test_lab4_keeps_the_two_newest_checkpoints_and_clears_crashed_saves(lab4, tm
         lab4.save_checkpoint(tmp_path, step, model, optimizer, {"step": step}, rank=0, distributed=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-4", "step-6"]
     assert lab4.find_checkpoint(tmp_path) == tmp_path / "step-6"
+
+
+def test_lab4_a_rank_reads_the_files_its_load_plan_names_and_a_host_lacking_one_gets_it_from_a_host_that_has_it(
+        lab4, tmp_path):
+    """Each host's checkpoint folder is its own: after a restart inside the job, a host holds its own ranks'
+    shards and the index, and a rank whose load reads another host's file gets it from that host. The
+    decision (`plan_load`) is the same on every rank, from every rank's report."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    checkpointing = SimpleNamespace(**lab4.resume.__globals__)  # checkpointing.py, the module beside train.py
+    model, optimizer = tiny_gpt(lab4)
+    path = lab4.save_checkpoint(tmp_path, 2, model, optimizer, {"step": 2}, rank=0, distributed=False)
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    assert checkpointing.files_to_read(path, state, 0) == {".metadata", "meta.pt", "__0_0.distcp"}
+    assert checkpointing.files_to_read(path, state, 1) == {".metadata", "__0_0.distcp"}
+    assert checkpointing.files_to_read(tmp_path / "step-9", state, 1) == ("incomplete", "it is not on its host (a save cut short there)")
+    assert set(checkpointing.host_files(path)) == {".metadata", "meta.pt", "__0_0.distcp"}
+    assert set(checkpointing.host_files(path).values()) == {None}
+
+    index = {".metadata": None, "meta.pt": None}
+    # (host, what it holds (its first rank only), what the rank reads): 2 hosts x 2 ranks
+    reports = [(0, {**index, "__0_0.distcp": None, "__1_0.distcp": None}, {".metadata", "meta.pt", "__0_0.distcp"}),
+               (0, None, {".metadata", "__1_0.distcp", "__3_0.distcp"}),
+               (1, {**index, "__2_0.distcp": None, "__3_0.distcp": None}, {".metadata", "__2_0.distcp"}),
+               (1, None, {".metadata", "__3_0.distcp", "__0_0.distcp"})]
+    assert checkpointing.plan_load(path, reports) == (None, [("__0_0.distcp", 0, 2), ("__3_0.distcp", 2, 0)])
+    damaged = "__3_0.distcp does not match its SHA-256 in checksums.json (its bytes changed after it was written)"
+    reports[2][1]["__3_0.distcp"] = damaged
+    assert checkpointing.plan_load(path, reports) == (("damaged", damaged), [])
+    del reports[2][1]["__3_0.distcp"]
+    assert checkpointing.plan_load(path, reports) == (("incomplete", "__3_0.distcp is missing: no host holds it"), [])
+    reports[3] = (1, None, ("incomplete", "it is not on algo-2 (a save cut short there)"))
+    assert checkpointing.plan_load(path, reports) == (("incomplete", "it is not on algo-2 (a save cut short there)"), [])
 
 
 # ----------------------------------------------------------------------------- the recovery report

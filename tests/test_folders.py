@@ -316,7 +316,9 @@ def test_logs_that_fill_the_disk_stop_the_run_with_one_line(tmp_path, tmpfs):
 @pytest.mark.slow
 def test_a_checkpoint_that_fills_the_disk_is_one_line_and_leaves_nothing_half_written(tmp_path, tmpfs, mnist_dir):
     """The issue: `[enforce fail at inline_container.cc:672] . unexpected pos` with "no space" buried in a
-    rank's traceback, and the half-written checkpoint.pt.tmp left behind."""
+    rank's traceback, and the half-written checkpoint.pt.tmp left behind. Each host writes its checkpoints
+    into a folder of its own (in the run folder), synced with --checkpoint-dir as SageMaker syncs S3: the
+    copy into the full checkpoint folder is what fails, and stops the job."""
     disk = tmpfs("1m")  # lab 3's checkpoint takes about 3 MB
     done = subprocess.run(
         [sys.executable, "-m", "workshop", "run", "data_parallel", "--data-dir", str(mnist_dir), "--workdir",
@@ -324,9 +326,10 @@ def test_a_checkpoint_that_fills_the_disk_is_one_line_and_leaves_nothing_half_wr
         capture_output=True, text=True, timeout=900, env=ENV)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     errors = done.stderr.strip().splitlines()
-    assert errors[0].startswith(f"error: Rank 0 on algo-1 ran out of disk space (No space left on device) writing to "
-                                f"{disk / 'ckpt'} (the checkpoint folder): "), done.stderr
-    assert "the write that failed needed more than" in errors[0] and "checkpoint.pt.tmp, now removed" in errors[0]
+    assert errors[0].startswith(f"error: The disk holding {disk / 'ckpt'} is full: copying algo-1's checkpoint.pt"), \
+        done.stderr
+    assert "into the checkpoint folder failed (No space left on device)" in errors[0]
+    assert "The job was stopped." in errors[0]
     assert errors[1].startswith("  Fix: free space on that disk") and len(errors) == 2, done.stderr
     assert "inline_container" not in done.stderr and "Traceback" not in done.stderr
     assert not list((disk / "ckpt").glob("*.tmp")) and not list((disk / "ckpt").glob("*.partial"))
@@ -345,22 +348,6 @@ def test_a_fault_for_a_lab_that_cannot_inject_one_is_refused_before_anything_sta
         assert "faults are for data_parallel (3_data_parallel) and model_parallel (4_model_parallel)" in err, err
         assert "Fix: drop --fault" in err
     assert not (tmp_path / "data").exists()
-
-
-def test_lab_4_checkpointing_on_several_hosts_without_a_shared_folder_is_refused_before_anything_starts(tmp_path, capsys):
-    """The issue: refused only after ~25 s of training, when the first checkpoint lacked the other host's shard."""
-    code = main(["run", "model_parallel", "--hp", "checkpoint-every=20", "--data-dir", str(tmp_path / "corpus")])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.startswith("error: Lab 'model_parallel' writes a checkpoint every 20 steps (--checkpoint-every), each "
-                          "rank its own shard of it into one folder its 2 hosts must share, and without "
-                          "--checkpoint-dir they share none"), err
-    assert "Fix: pass --checkpoint-dir DIR" in err and "--hosts 1" in err
-    code = main(["tune", "model_parallel", "--param", "lr=0.001,0.002", "--hp", "checkpoint-every=20", "--data-dir",
-                 str(tmp_path / "corpus")])  # the same for every trial of a search, said once
-    err = capsys.readouterr().err
-    assert code == 2 and "a search's trials share none" in err and "Fix: run on one host (--hosts 1)" in err, err
-    assert not (tmp_path / "corpus").exists()
 
 
 @pytest.mark.parametrize(("argv", "typed"), [

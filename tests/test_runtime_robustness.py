@@ -141,7 +141,9 @@ def test_sigkill_of_the_parent_keeps_the_checkpoints_and_leaves_no_process(tmp_p
     assert any("Resumed from" in line and f"after epoch {state['epoch']}" in line for line in resumed.lines)
     assert [r["epoch"] for r in resumed.records if "test_accuracy" in r] == [state["epoch"] + 1]
     assert torch.load(store / "checkpoint.pt", weights_only=False)["epoch"] == state["epoch"] + 1
-    assert resumed.hosts[0].checkpoint_dir == store.resolve()
+    # Each host wrote into a folder of its own, synced with the store (as SageMaker syncs S3).
+    assert resumed.hosts[0].checkpoint_store == store.resolve()
+    assert resumed.hosts[0].checkpoint_dir == resumed.hosts[0].sandbox.checkpoint_dir != store.resolve()
 
 
 # ----------------------------------------------------------------------------- a read-only checkout

@@ -124,8 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where everything a local run writes goes: its run folders in DIR/runs, its data "
                           "(unless --data-dir) in DIR/data (default: the checkout's runs/ and data/)")
     run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
-                     help="local mode: the hosts' checkpoint folder (/opt/ml/checkpoints) for the whole run, "
-                          "so a run stopped any way keeps its checkpoints there and the next run resumes from them "
+                     help="local mode: the checkpoint S3 URI's stand-in: each host's own checkpoint folder "
+                          "(/opt/ml/checkpoints) starts with its files and syncs with it as SageMaker syncs S3, so a "
+                          "run stopped any way keeps its checkpoints there and the next run resumes from them "
                           "(several labs: one subfolder per lab)")
     run.add_argument("--max-restarts", type=int, default=0, metavar="K",
                      help="restart every rank up to K times after a failure, resuming from the latest checkpoint "

@@ -85,8 +85,8 @@ def run_local(
     Hyperparameters are the lab's small local defaults updated with `hyperparameters`; the data
     is the lab's data source, prepared in `data_dir` (default: its own folder under `data/`).
     `workdir` is this run's folder; without it the run gets a new one under `runs_dir`
-    (default: the checkout's runs/). `checkpoint_dir` is the hosts' checkpoint folder for the
-    whole run (see `LocalCluster.run`). `max_restarts`: restarts of every rank after a failure
+    (default: the checkout's runs/). `checkpoint_dir` stands in for the job's checkpoint S3 URI:
+    each host's own checkpoint folder is synced with it (see `LocalCluster.run`). `max_restarts`: restarts of every rank after a failure
     (torchrun's elastic agent; the torchrun labs), each resuming from the latest checkpoint.
     `echo`: say what the run does, with one live progress display (steps or epochs done, loss,
     accuracy, hosts up) and the logs' path; `verbose`: stream every rank's lines instead.
@@ -98,7 +98,7 @@ def run_local(
     check_cluster_size(hosts, procs_per_host)
     hps = {**lab.local_hyperparameters, **(hyperparameters or {})}
     # Types first, no data needed, and before the SDK's import below: a typo is refused in a fraction of a second.
-    args = lab.validate_hyperparameters(hps, world_size=hosts * procs_per_host)
+    lab.validate_hyperparameters(hps, world_size=hosts * procs_per_host)
     # The launcher's config is the SDK's: a long, silent first import. Said where someone watches (a notebook,
     # a terminal); a log (CI, a pipe) keeps its few lines.
     if echo and SDK_LAUNCHERS not in sys.modules and live_display():
@@ -119,7 +119,6 @@ def run_local(
         verbose=verbose,
         stall_s=stall_s,
     )
-    check_checkpoint_folder(lab, args, hosts, checkpoint_dir)
     # A folder it cannot write, or one another job is using, fails now, not after the data; the lock is
     # held until the run ends (`LocalCluster.run` takes it again for the run itself).
     with cluster.checkpoint_lock(checkpoint_dir):
@@ -128,25 +127,6 @@ def run_local(
         return cluster.run(
             hps, channels.dirs, checkpoint_dir=checkpoint_dir, timeout_s=timeout_s, check=check
         )
-
-
-def check_checkpoint_folder(lab: Lab, args: Any, hosts: int, checkpoint_dir: Any, search: bool = False) -> None:
-    """Refuse a local run whose every rank would save its shard of a checkpoint into its own host's folder
-    (`Lab.checkpoints_shared`, lab 4) when the hosts share none: the first checkpoint would fail, after
-    minutes of training. `args`: the script's parsed hyperparameters; `search`: the run is a trial of a
-    search (`workshop.tuning`), whose trials get no checkpoint folder."""
-    flag = lab.checkpoint_flag
-    every = getattr(args, flag.replace("-", "_"), 0) if flag else 0
-    if not lab.checkpoints_shared or hosts < 2 or checkpoint_dir or not every:
-        return
-    shared = ("a search's trials share none" if search
-              else "without --checkpoint-dir they share none")
-    raise WorkshopError(
-        f"Lab {lab.key!r} writes a checkpoint every {every} steps (--{flag}), each rank its own shard of it into "
-        f"one folder its {hosts} hosts must share, and {shared}: its first checkpoint would fail.",
-        ("" if search else "pass --checkpoint-dir DIR (checkpoint_dir= in Python), the folder every host shares; or ")
-        + f"run on one host (--hosts 1); or write no checkpoint (--hp {flag}=0).",
-    )
 
 
 def run_on_sagemaker(

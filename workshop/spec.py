@@ -153,10 +153,6 @@ class Lab:
     # The script flag whose value 0 means it writes no checkpoint (lab 4: checkpoint-every); a spot job
     # with it at 0 is refused, since an interruption would start it over. None: it always checkpoints.
     checkpoint_flag: str | None = None
-    # Every rank writes its own shard of each checkpoint into one folder (lab 4's FSDP), so hosts must
-    # share the checkpoint folder: a local run on several hosts with `checkpoint_flag` on needs a
-    # checkpoint_dir (`workshop.runner.check_checkpoint_folder`), refused before anything starts.
-    checkpoints_shared: bool = False
     # The script flag that turns on torch.profiler for N steps (one Chrome trace per rank under
     # SM_OUTPUT_DATA_DIR/profile; `workshop.profiling`), and the hyperparameters a profiling run
     # changes (e.g. one epoch, no mid-epoch checkpoints). None: the script cannot be profiled.

@@ -45,7 +45,7 @@ from workshop.errors import WorkshopError
 from workshop.jobs import DryRunRequest
 from workshop.jobs.tuning import TuningOutcome
 from workshop.labs import find_lab, get_lab
-from workshop.runner import check_checkpoint_folder, run_local, run_on_sagemaker
+from workshop.runner import run_local, run_on_sagemaker
 from workshop.runtime.folders import FolderLock, check_free_space, new_folder
 from workshop.runtime.hostns import die_with_parent_from_start
 from workshop.runtime.local_cluster import (
@@ -366,8 +366,7 @@ def _tune_locally(lab, space, goal, parallel, fixed, hosts, procs_per_host, data
     combos = space.trials()
     base = {**lab.local_hyperparameters, **fixed}
     for combo in combos:  # names and types, before the data is even looked at
-        args = lab.validate_hyperparameters({**base, **combo}, world_size=world)
-        check_checkpoint_folder(lab, args, hosts, None, search=True)
+        lab.validate_hyperparameters({**base, **combo}, world_size=world)
     cpus = _usable_cpus()
     parallel = min(parallel or max(1, len(cpus) // world) or 1, len(combos))
     try:

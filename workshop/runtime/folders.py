@@ -6,9 +6,9 @@
   *given* (a checkpoint folder, a run folder passed as `workdir=`, a search's) to that job while it
   runs: a second job asking for it is refused with the holder's pid, command and start time. The
   lock is `flock` on a file in the folder, held by the local command (not by the hosts or the
-  scripts, so the container runtime, which mounts the checkpoint folder into every host, needs
-  nothing more): the kernel drops it when the holder exits, however it ends, SIGKILL included, so
-  a killed job never leaves a folder locked.
+  scripts, which never see the checkpoint folder itself: each host's own is synced with it,
+  `workshop.runtime.checkpoint_sync`, which leaves the lock's file out): the kernel drops it when the
+  holder exits, however it ends, SIGKILL included, so a killed job never leaves a folder locked.
 - **A full disk.** `check_free_space` refuses before anything is written when the space a step
   needs is known (a run folder's copies of the code, a checkpoint's size, the data); `is_disk_full`
   and `disk_full_message` turn an ENOSPC met later into one line naming the folder, its free space

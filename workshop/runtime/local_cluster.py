@@ -83,6 +83,7 @@ import psutil
 from workshop import REPO_ROOT, metrics
 from workshop.errors import WorkshopError
 from workshop.runtime import hostns
+from workshop.runtime.checkpoint_sync import CheckpointSync
 from workshop.runtime.contract import (
     RESERVED_CHANNELS,
     SAGEMAKER_MASTER_PORT,
@@ -207,7 +208,8 @@ class HostResult:
     log_path: Path
     returncode: int | None = None
     driver_started_s: float | None = None  # container runtime: when sm_train.sh ran the driver
-    # The run's `checkpoint_dir`, when it was given: the folder the host's /opt/ml/checkpoints is.
+    # The run's `checkpoint_dir`, when it was given: the checkpoint S3 URI's stand-in, which this host's
+    # own checkpoint folder is synced with (`workshop.runtime.checkpoint_sync`).
     checkpoint_store: Path | None = None
 
     @property
@@ -220,8 +222,9 @@ class HostResult:
 
     @property
     def checkpoint_dir(self) -> Path:
-        """Where this host's checkpoints are: the run's `checkpoint_dir` if given, else the sandbox's."""
-        return self.checkpoint_store or self.sandbox.checkpoint_dir
+        """This host's own checkpoint folder (its /opt/ml/checkpoints): what its ranks wrote, and what it
+        downloaded from the run's `checkpoint_dir` at the start, if it had one."""
+        return self.sandbox.checkpoint_dir
 
 
 @dataclass
@@ -498,18 +501,6 @@ def check_checkpoint_space(store: Path) -> None:
             "free space on that disk, or pass --checkpoint-dir a folder on a disk with room (copy the checkpoint "
             "there to resume from it).",
         )
-
-
-def _link_checkpoints(folder: Path, store: Path) -> None:
-    """Make a sandbox's new, empty checkpoint folder a link to `store` (the process runtime)."""
-    try:
-        folder.rmdir()
-    except OSError as exc:  # a run folder used again, with checkpoints of its own
-        raise WorkshopError(
-            f"{folder} already holds files, so it cannot become the checkpoint folder {store}.",
-            "give the run a new workdir (or leave workdir unset: each run gets a new folder).",
-        ) from exc
-    folder.symlink_to(store, target_is_directory=True)
 
 
 def _descendants(roots: set[int]) -> list[psutil.Process]:
@@ -824,15 +815,18 @@ class LocalCluster:
     ) -> ClusterResult:
         """Run the job on every simulated host; return (or, with check, raise on) the result.
 
-        `checkpoint_dir` stands in for the job's checkpoint S3 URI, and it *is* every host's
-        checkpoint folder (`/opt/ml/checkpoints`, SM_CHECKPOINT_DIR) from the first write: the
-        container runtime mounts it there, the process runtime links it there. So a run that is
-        killed any way at all (its notebook's kernel with it, by SIGKILL) loses at most the
-        checkpoint being written, and a second run with the same folder resumes from it. All
-        hosts share it, as on SageMaker every host syncs its folder with the same S3 prefix; the
-        labs' scripts read and write it from rank 0 only (lab 1: through the coordinator, on
-        algo-1), so hosts never race on a file. Without it, each host has a folder of its own
-        in its sandbox.
+        Each host has a checkpoint folder of its own in its sandbox (`/opt/ml/checkpoints`,
+        SM_CHECKPOINT_DIR), as on SageMaker, where no file system is shared between hosts.
+        `checkpoint_dir` stands in for the job's checkpoint S3 URI, and is synced with the hosts'
+        folders as SageMaker syncs S3 (`workshop.runtime.checkpoint_sync`): each host starts with its
+        files; what a host writes or deletes reaches it within a second while the job runs, and what
+        is left when the hosts are gone after that; no host ever sees another host's files. So a run
+        that is killed any way at all (its notebook's kernel with it, by SIGKILL) loses at most its
+        last second, and a second run with the same folder resumes from it, from every host's files
+        together. A rank restarted inside the run (torchrun --max-restarts) finds on its host only what
+        that host wrote or downloaded: lab 3's rank 0 loads its checkpoint and sends it to the others;
+        lab 4's ranks each keep their own shards and a copy of the checkpoint's index. Without
+        `checkpoint_dir` nothing is synced and the hosts' folders stay in the run folder.
 
         One folder, one job (`workshop.runtime.folders`): the run folder is made here under a name no
         other run has; a `workdir` or `checkpoint_dir` another job is using is refused, naming it. A disk
@@ -852,8 +846,10 @@ class LocalCluster:
             if self.workdir is not None:
                 held.enter_context(FolderLock(self.workdir, "the run folder", WORKDIR_IN_USE_FIX))
             parent = self.workdir if self.workdir is not None else self.runs_dir
-            check_free_space(parent, self.space_needed(),
-                             f"the run folder (the code and drivers each of {self.hosts} host(s) gets, and its logs)",
+            copies = self.hosts * size_of(store) if store is not None else 0  # each host downloads the store
+            check_free_space(parent, self.space_needed() + copies,
+                             f"the run folder (the code and drivers each of {self.hosts} host(s) gets, "
+                             + ("its copy of the checkpoint folder, " if copies else "") + "and its logs)",
                              space_fix)
             stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
             if self.workdir is None:  # made now, under a name no other run can take
@@ -911,15 +907,13 @@ class LocalCluster:
         specs: list[tuple[Path, hostns.HostSpec]] = []  # container runtime: written once the holder runs
         for host_rank, host in enumerate(names):
             sandbox = HostSandbox(workdir / host)
-            if sandbox.checkpoint_dir.is_symlink():  # a run folder used again: made afresh below
+            if sandbox.checkpoint_dir.is_symlink():  # a run folder of an older version, used again: made afresh
                 sandbox.checkpoint_dir.unlink()
             sandbox.create(
                 current_host=host, hosts=names, channels=chans, hyperparameters=hyperparameters,
                 source_dir=self.source_dir, instance_type=instance_type,
                 sm_drivers=drivers_dir,
             )
-            if store is not None and not container:  # the container runtime mounts it (HostSpec.checkpoints)
-                _link_checkpoints(sandbox.checkpoint_dir, store)
             if container:
                 env = container_process_env(job_name)
             else:
@@ -961,13 +955,20 @@ class LocalCluster:
                     hostname=host, sandbox=str(sandbox.root), hosts_file=str(hosts_file),
                     command=self.container_command or container_command(), holder_pid=0,
                     stash=str(ns_dir / f"opt-{host}"), start_delay_s=self.start_delays[host_rank], cpus=mine,
-                    checkpoints=str(store) if store is not None else "", pythonpath=env.get("PYTHONPATH"),
+                    pythonpath=env.get("PYTHONPATH"),  # /opt/ml/checkpoints: the sandbox's own, synced below
                 )
                 specs.append((ns_dir / f"{host}.json", spec))
                 envs[-1] = hostns.with_package(env)  # the entry starts without `site`; the spec puts it back
                 commands.append(hostns.entry_command("host", str(ns_dir / f"{host}.json")))
             else:
                 commands.append([sys.executable, "-m", "workshop.runtime.run_driver", str(driver)])
+
+        # Each host's checkpoint folder starts with the store's files, as an instance's starts with the
+        # checkpoint S3 URI's, and is synced with it while the job runs (`workshop.runtime.checkpoint_sync`).
+        sync = None
+        if store is not None:
+            sync = CheckpointSync(store, {h.name: h.sandbox.checkpoint_dir for h in hosts})
+            sync.download()
 
         launcher = self.distributed.__class__.__name__ if self.distributed is not None else "no launcher"
         if container:
@@ -985,6 +986,7 @@ class LocalCluster:
         self._say(
             f"Local cluster: {self.hosts} host(s) x {self.procs_per_host} process(es) = world size "
             f"{self.world_size}; {launcher}; {where}; run folder {workdir}"
+            + (f"; each host's checkpoint folder synced with {store}" if store is not None else "")
         )
         holder = None
         try:
@@ -998,7 +1000,9 @@ class LocalCluster:
                 unit, total = progress_total(hyperparameters)
                 display = JobProgress(self.name, unit, total, self.hosts,
                                       max_restarts=int(getattr(self.distributed, "max_restarts", 0) or 0))
-            runner = _Run(self, hosts, envs, commands, workdir, cluster_id, timeout_s, container, display)
+            runner = _Run(self, hosts, envs, commands, workdir, cluster_id, timeout_s, container, display, sync)
+            if sync is not None:
+                sync.start()
             try:
                 returncode, failure, lines = runner.run()
             except Terminated:  # SIGTERM: the command line says so itself
@@ -1014,6 +1018,11 @@ class LocalCluster:
         finally:
             if holder is not None:
                 holder.close()
+            if sync is not None:
+                with DeferredInterrupt():  # the hosts are gone: what they left goes to the store
+                    sync.stop()
+        if sync is not None and sync.failure is not None and returncode == 0:  # in its last look
+            returncode, failure = 1, f"{sync.failure}\n  Fix: {DISK_FULL_FIX}"
         result = ClusterResult(
             job_name=job_name, returncode=returncode, hosts=hosts, records=metrics.parse_lines(lines),
             wall_time_s=runner.wall_time_s, workdir=workdir, log_path=workdir / "logs" / "cluster.log",
@@ -1032,8 +1041,9 @@ class _Run:
     """One execution: start the hosts, stream their lines, stop everything, report."""
 
     def __init__(self, cluster: LocalCluster, hosts, envs, commands, workdir, cluster_id, timeout_s, container,
-                 display: JobProgress | None = None):
+                 display: JobProgress | None = None, sync: CheckpointSync | None = None):
         self.c = cluster
+        self.sync = sync  # the hosts' checkpoint folders, synced with the run's checkpoint_dir (if it has one)
         self.display = display  # the progress display that stands in for the lines, if any
         self.hosts: list[HostResult] = hosts
         self.envs = envs
@@ -1287,6 +1297,10 @@ class _Run:
                                 self.at_failure, f"No rank had written a line for {self.at_failure.quiet_s:.0f} s."))
                         break
                     if self.disk_full is not None:  # a log could not be written: the ranks' writes fail next
+                        returncode = 1
+                        break
+                    if self.sync is not None and self.sync.failure is not None:  # the checkpoint folder is full
+                        self.disk_full = f"{self.sync.failure} The job was stopped."
                         returncode = 1
                         break
                     self._watch_stall()

@@ -30,7 +30,8 @@ SDK uploaded, and each CreateHyperParameterTuningJob run its training jobs (6. b
    data channels.
 3. **The container, as the SDK set it up.** The local cluster's container runtime
    (`workshop.runtime.hostns`) gives each simulated host the downloaded channels under its own
-   `/opt/ml`, the hostname `algo-N` (peers resolve as `algo-1..N` at 127.0.0.N) and runs the
+   `/opt/ml`, peers that resolve as `algo-1..N` (at 127.0.0.N), a hostname that is not `algo-N`
+   (SageMaker does not promise one: `hostns.instance_hostname`) and runs the
    request's `ContainerEntrypoint` + `ContainerArguments`, i.e. the uploaded `sm_train.sh`:
    the SDK's `environment.py` writes `/opt/ml/input/sm_training.env` from the request's
    configs, the script `cd`s into the code, installs requirements if the SDK asked it to, and

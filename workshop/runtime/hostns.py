@@ -1,10 +1,12 @@
 """Simulated SageMaker hosts as the container sees them: `/opt/ml`, `algo-N`, and the job's network.
 
 A SageMaker training host is a container whose `/opt/ml` holds the job's config, data, code and
-drivers, whose hostname is `algo-N`, whose peers resolve as `algo-1..algo-N`, and whose network is
-the job's (the internet, or only what a VPC subnet routes to). The local cluster gives each of its
-simulated hosts the same view with Linux namespaces, no privileges needed (`unshare -r`, as the
-benchmarks already use):
+drivers, whose peers resolve as `algo-1..algo-N`, and whose network is the job's (the internet, or
+only what a VPC subnet routes to). Its hostname is NOT promised to be `algo-N`: SageMaker's guide
+says not to rely on `/etc/hostname` in a training container, and the images' entry point
+(`start_with_right_hostname.sh`, which makes `gethostname()` answer `algo-N`) is replaced by
+ModelTrainer's `/bin/bash`. The local cluster gives each of its simulated hosts the same view with
+Linux namespaces, no privileges needed (`unshare -r`, as the benchmarks already use):
 
 - a **user namespace** (we are "root" inside it, which lets us do the rest);
 - a **network namespace** per job, shared by its hosts, holding only a loopback interface: the
@@ -16,7 +18,11 @@ benchmarks already use):
 - a **mount namespace** per host, in which the host's sandbox folder is mounted at `/opt/ml` and a
   hosts file maps `algo-N` to `127.0.0.N` (every 127/8 address is local to the loopback
   interface, so each host has an address of its own);
-- a **UTS namespace** per host, whose hostname is `algo-N`.
+- a **UTS namespace** per host, whose hostname is an instance's, `ip-10-0-1-N.ec2.internal`
+  (`instance_hostname`), not `algo-N`. It resolves, through the same hosts file, to `127.1.0.N`: an
+  address of the host's that is not the one `algo-N` resolves to. So whatever works out "which host
+  am I" from the hostname (torchrun's c10d rendezvous, unless told `is_host`) gets it wrong here, as
+  it can on SageMaker, instead of passing by luck; a job must go by `SM_CURRENT_HOST`.
 
 So the SDK's generated `sm_train.sh` runs unchanged: it reads `/opt/ml/input/config`, writes
 `/opt/ml/input/sm_training.env`, `cd`s into `/opt/ml/input/data/code` and runs the driver, which
@@ -69,6 +75,10 @@ CONTAINER_ROOT = "/opt/ml"
 HOSTS_FILE = "/etc/hosts"
 # Loopback addresses of the simulated hosts: algo-N is 127.0.0.N (127/8 is all loopback on Linux).
 HOST_ADDRESS = "127.0.0.{}"
+# A simulated host's hostname (its UTS name), as an EC2 instance's, and the address it resolves to: one
+# of the host's own that no `algo-N` name resolves to (see the module's docstring).
+INSTANCE_HOSTNAME = "ip-10-0-1-{}.ec2.internal"
+INSTANCE_ADDRESS = "127.1.0.{}"
 # Inside a job's private network: where its way out listens, for a job with a route to the internet.
 PROXY_PORT = 3128
 PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
@@ -140,19 +150,31 @@ def loopback_up() -> None:
 
 
 def hosts_file_text(hosts: list[str]) -> str:
-    """/etc/hosts of a simulated host: localhost, and algo-N at 127.0.0.N."""
+    """/etc/hosts of a simulated host: localhost, algo-N at 127.0.0.N, and each host's instance
+    hostname at an address of its own (`instance_hostname`)."""
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     for name in hosts:
         lines.append(f"{host_address(name)}\t{name}")
+    for name in hosts:
+        lines.append(f"{INSTANCE_ADDRESS.format(_host_number(name))}\t{instance_hostname(name)}")
     return "\n".join(lines) + "\n"
+
+
+def _host_number(name: str) -> int:
+    number = int(name.rsplit("-", 1)[-1])
+    if not 1 <= number <= 254:
+        raise ValueError(f"host {name!r}: at most 254 simulated hosts have loopback addresses of their own")
+    return number
 
 
 def host_address(name: str) -> str:
     """algo-N -> 127.0.0.N (N up to 254)."""
-    number = int(name.rsplit("-", 1)[-1])
-    if not 1 <= number <= 254:
-        raise ValueError(f"host {name!r}: at most 254 simulated hosts have loopback addresses of their own")
-    return HOST_ADDRESS.format(number)
+    return HOST_ADDRESS.format(_host_number(name))
+
+
+def instance_hostname(name: str) -> str:
+    """algo-N -> the hostname its simulated host has: ip-10-0-1-N.ec2.internal, not algo-N."""
+    return INSTANCE_HOSTNAME.format(_host_number(name))
 
 
 # ----------------------------------------------------------------------------- can we?
@@ -206,7 +228,7 @@ def _probe() -> int:
     map_root(uid, gid)
     loopback_up()
     mount(None, "/", None, MS_REC | MS_PRIVATE)
-    sethostname("algo-1")
+    sethostname(instance_hostname("algo-1"))
     with tempfile.TemporaryDirectory() as tmp:
         hosts = Path(tmp) / "hosts"
         hosts.write_text(hosts_file_text(["algo-1", "algo-2"]))
@@ -399,7 +421,8 @@ def _pipe(a: socket.socket, b: socket.socket) -> None:
 class HostSpec:
     """What one simulated host needs; written as JSON for `python -m workshop.runtime.hostns host`."""
 
-    hostname: str
+    name: str  # algo-N
+    hostname: str  # its UTS name (`instance_hostname`)
     sandbox: str  # mounted at /opt/ml
     hosts_file: str  # mounted at /etc/hosts
     command: list[str]
@@ -476,10 +499,10 @@ def _host(spec_path: str) -> int:
     try:
         _enter(spec)
     except OSError as exc:
-        print(f"[hostns] {spec.hostname}: cannot set up the simulated host: {exc}", flush=True)
+        print(f"[hostns] {spec.name}: cannot set up the simulated host: {exc}", flush=True)
         return 70
     if spec.start_delay_s > 0:
-        print(f"[hostns] {spec.hostname}: starting {spec.start_delay_s:g} s after the first host "
+        print(f"[hostns] {spec.name}: starting {spec.start_delay_s:g} s after the first host "
               "(simulated start skew: SageMaker's instances come up at different times)", flush=True)
         time.sleep(spec.start_delay_s)
     return subprocess.Popen(spec.command, cwd=CONTAINER_ROOT, stdin=subprocess.DEVNULL).wait()

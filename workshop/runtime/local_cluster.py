@@ -14,11 +14,12 @@ job's `code` and `sm_drivers` channels as SDK v3 uploads them, and runs what a S
 runs for the same `distributed=` config, all hosts concurrently. Two runtimes:
 
 - **container** (Linux with unprivileged namespaces, `workshop.runtime.hostns`): each host sees its
-  sandbox at `/opt/ml`, its hostname is `algo-N`, its peers resolve as `algo-1..algo-N` (at
-  127.0.0.1..N), and it runs the SDK's own generated `sm_train.sh` unchanged: the SDK's
-  `environment.py` writes `/opt/ml/input/sm_training.env`, the script `cd`s into the code and
-  runs the driver (SDK's `torchrun_driver.py` for `Torchrun`, the workshop's own drivers for
-  its `DistributedConfig`s, the basic script driver without one), which builds
+  sandbox at `/opt/ml`, its peers resolve as `algo-1..algo-N` (at 127.0.0.1..N), its hostname is
+  an instance's (`ip-10-0-1-N.ec2.internal`, not `algo-N`: SageMaker does not promise it), and it
+  runs the SDK's own generated `sm_train.sh` unchanged: the SDK's `environment.py` writes
+  `/opt/ml/input/sm_training.env`, the script `cd`s into the code and runs the driver (SDK's
+  `torchrun_driver.py` for `Torchrun`, the workshop's own drivers for its `DistributedConfig`s,
+  the basic script driver without one), which builds
   `torchrun --master_addr=algo-1 --master_port=7777 ...` as on SageMaker. The hosts share a
   private network with nothing but loopback, and a job with a route to the internet
   (`internet=True`) reaches it through an HTTPS proxy; hosts may start seconds apart
@@ -958,7 +959,7 @@ class LocalCluster:
             if container:
                 mine = [cpus[(host_rank * share + i) % len(cpus)] for i in range(share)]
                 spec = hostns.HostSpec(
-                    hostname=host, sandbox=str(sandbox.root), hosts_file=str(hosts_file),
+                    name=host, hostname=hostns.instance_hostname(host), sandbox=str(sandbox.root), hosts_file=str(hosts_file),
                     command=self.container_command or container_command(), holder_pid=0,
                     stash=str(ns_dir / f"opt-{host}"), start_delay_s=self.start_delays[host_rank], cpus=mine,
                     checkpoints=str(store) if store is not None else "", pythonpath=env.get("PYTHONPATH"),

@@ -106,6 +106,13 @@ def test_contract_variables_per_host_and_rank(tmp_path, channels):
         assert env["cwd"] == "/opt/ml/input/data/code" == env["SM_SOURCE_DIR"]
         assert env["argv"] == ["--epochs", "2", "--lr", "0.1", "--run-name", "probe"]
         assert not any(k.startswith("AWS_") for k in env["all_keys"])  # no caller credentials inside
+        # What the service lays out in /opt/ml/input is read-only (its config, its data channels and their
+        # contents), but for what the SDK's own scripts write: /opt/ml/input (sm_training.env), the code
+        # channel (a .tar.gz source_dir is unpacked there) and sm_drivers (chmod +x sm_train.sh).
+        assert env["writable"] == {
+            "/opt/ml/input": True, "/opt/ml/input/config": False, "/opt/ml/input/data": False,
+            "/opt/ml/input/data/code": True, "/opt/ml/input/data/sm_drivers": True, "/opt/ml/input/data/train": False,
+            "/opt/ml/model": True, "/opt/ml/output/data": True, "/opt/ml/checkpoints": True}
     for host in result.hosts:  # written by the SDK's own environment.py, in the host's /opt/ml
         exported = (host.sandbox.input_dir / "sm_training.env").read_text()
         assert f"export SM_CURRENT_HOST='{host.name}'" in exported

@@ -76,10 +76,15 @@ def rdzv_conf(env: dict[str, str]) -> dict[str, str]:
 def test_the_master_host_and_only_it_runs_the_rendezvous_store(hosts):
     for host in range(hosts):
         assert rdzv_conf(host_env(host, hosts, max_restarts=1))["is_host"] == ("1" if host == 0 else "0")
-    # The local cluster's process runtime gives the master as an address: the first host runs the store.
+    # The local cluster's process runtime gives the master as an address: the first host runs the store,
+    # and serves its workers' store there too (no algo-N name resolves in that runtime).
     process = {"SM_MASTER_ADDR": "127.0.0.1", "SM_MASTER_PORT": "29517"}
     assert [rdzv_conf({**host_env(h, hosts, max_restarts=1), **process})["is_host"] for h in range(hosts)] \
         == ["1"] + ["0"] * (hosts - 1)
+    local_addrs = [next(a for a in driver().torchrun_command({**host_env(h, hosts, max_restarts=1), **process})
+                        if a.startswith("--local-addr=")) for h in range(hosts)]
+    assert local_addrs == ["--local-addr=127.0.0.1"] + [f"--local-addr=algo-{h + 1}" for h in range(1, hosts)]
+    assert sorted(local_addrs) == local_addrs  # node ranks follow it: node 0 stays on the first host
 
 
 def test_the_join_timeout_bounds_the_wait_for_the_store_too():
@@ -324,6 +329,24 @@ def test_an_elastic_job_on_hosts_not_named_algo_n_finds_its_rendezvous_host(no_a
         host = f"algo-{rank + 1}"  # global rank 0 on algo-1 (node ranks follow --local-addr)
         assert env["SM_CURRENT_HOST"] == host and env["hostname"] == hostns.instance_hostname(host) != host
         assert env["algo-1"] == "127.0.0.1" and env["algo-2"] == "127.0.0.2"
+
+
+@pytest.mark.slow
+def test_an_elastic_job_runs_in_the_process_runtime_too(tmp_path):
+    """Where Linux namespaces are unavailable the hosts are plain processes: no algo-N name resolves
+    and the master is 127.0.0.1. The first host runs the rendezvous' store and its workers' store."""
+    from conftest import PROBE_CODE
+
+    from workshop.runtime.local_cluster import LocalCluster
+
+    cluster = LocalCluster(PROBE_CODE, "train.py", hosts=2, procs_per_host=1,
+                           distributed=ElasticTorchrun(process_count_per_node=1, max_restarts=1),
+                           workdir=tmp_path / "run", echo=False, runtime="process")
+    result = cluster.run({}, check=False)
+    assert result.ok and result.runtime == "process", "\n".join(result.lines[-40:])
+    seen = {json.loads(f.read_text())["RANK"]: host.name for host in result.hosts
+            for f in host.output_data_dir.glob("env-rank*.json")}
+    assert seen == {"0": "algo-1", "1": "algo-2"}
 
 
 @pytest.mark.slow

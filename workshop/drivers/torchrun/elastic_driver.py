@@ -20,8 +20,9 @@ that host's ranks and rejoins the rendezvous; the agents on the other hosts see 
 and restart their ranks too, so every rank starts again (TORCHELASTIC_RESTART_COUNT = 1, 2, ...)
 and the script resumes from its latest checkpoint. After K restarts a further failure ends the
 job as before. Node ranks follow the hosts' names (`--local-addr`; the rendezvous sorts by it),
-so global rank 0 stays on algo-1, whose model SageMaker uploads. With K = 0 the command is the
-SDK's own (static rendezvous), unchanged.
+so global rank 0 stays on algo-1, whose model SageMaker uploads; that host's agent also serves
+its workers' store at its `--local-addr`. With K = 0 the command is the SDK's own (static
+rendezvous), unchanged.
 
 The rendezvous is told, not left to guess:
 - `is_host`: which host runs the rendezvous' TCP store. Left out, torchrun guesses it by matching
@@ -30,8 +31,9 @@ The rendezvous is told, not left to guess:
   host's hostname is not promised to be `algo-N` (ModelTrainer's `/bin/bash` entry point skips the
   images' `start_with_right_hostname.sh`; SageMaker's guide says not to rely on /etc/hostname), and
   a wrong guess on every host means no store: every agent times out connecting to algo-1:7777. The
-  host SM_MASTER_ADDR names runs it (SM_CURRENT_HOST_RANK 0 where the master is an address, as in
-  the local cluster's process runtime).
+  host SM_MASTER_ADDR names runs it. Where the master is an address, not a host's name (the local
+  cluster's process runtime: 127.0.0.1, and no algo-N names resolve), the first host runs it and
+  gives that address as its `--local-addr` (which sorts before every `algo-N`, so it stays node 0).
 - `join_timeout` (T, `join_timeout_s`, else torchrun's 600 s): how long the rendezvous waits for
   every host; `read_timeout` = T too: torchrun's 60 s is also how long an agent keeps trying to
   reach the store, and instances come up minutes apart, so a host that starts early would give up
@@ -116,7 +118,7 @@ def torchrun_command(env: dict) -> list[str]:
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={env['SM_MASTER_ADDR']}:{env['SM_MASTER_PORT']}",
             f"--rdzv-id={env.get('TRAINING_JOB_NAME') or 'workshop-job'}",
-            f"--local-addr={env['SM_CURRENT_HOST']}",
+            f"--local-addr={env['SM_MASTER_ADDR'] if runs_the_store(env) else env['SM_CURRENT_HOST']}",
         ]
         timeout = join_timeout_s(env)
         cmd.append(f"--rdzv-conf=is_host={int(runs_the_store(env))},join_timeout={timeout},read_timeout={timeout}")

@@ -11,7 +11,7 @@ ways, for 1 host x 2 processes and for 2 hosts x 1 process:
 - **process runtime**: `LocalCluster(runtime="process")`: sandboxes, the SDK's torchrun driver
   under `workshop.runtime.run_driver`, the master on 127.0.0.1;
 - **container runtime**: `LocalCluster(runtime="container")`: the same plus Linux namespaces per
-  host (`/opt/ml`, hostname `algo-N`, a private network), the SDK's generated `sm_train.sh`
+  host (`/opt/ml`, peers `algo-N`, a private network), the SDK's generated `sm_train.sh`
   with its `environment.py`, and `torchrun --master_addr=algo-1 --master_port=7777` as on SageMaker.
 
 Repeats are interleaved (bare, process, container, bare, ...) so that the machine's load falls

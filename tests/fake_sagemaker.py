@@ -39,7 +39,11 @@ SDK uploaded, and each CreateHyperParameterTuningJob run its training jobs (6. b
    data channels.
 3. **The container, as the SDK set it up.** The local cluster's container runtime
    (`workshop.runtime.hostns`) gives each simulated host the downloaded channels under its own
-   `/opt/ml`, the hostname `algo-N` (peers resolve as `algo-1..N` at 127.0.0.N) and runs the
+   `/opt/ml`, peers that resolve as `algo-1..N` (at 127.0.0.N), a hostname that is not `algo-N`
+   (SageMaker does not promise one: `hostns.instance_hostname`), `/opt/ml/input/config` and the
+   data channels read-only (SageMaker does not document them as writable; the SDK's own `code`
+   and `sm_drivers` channels and `/opt/ml/input` stay writable, as its scripts write there:
+   `hostns.mount_input_read_only`) and runs the
    request's `ContainerEntrypoint` + `ContainerArguments`, i.e. the uploaded `sm_train.sh`:
    the SDK's `environment.py` writes `/opt/ml/input/sm_training.env` from the request's
    configs, the script `cd`s into the code, installs requirements if the SDK asked it to, and
@@ -394,6 +398,7 @@ class _Launch:
     runtime: str  # the local cluster's runtime ("auto", or "container" where nothing else will do)
     driver: str
     described: str
+    prepare_host: Any = None  # lays out each host's sandbox before it starts (LocalCluster's prepare_host)
 
 
 def safe_deserialize(value: Any) -> Any:
@@ -1117,7 +1122,7 @@ class FakeSageMaker:
                 distributed=launch.distributed, name=name, workdir=adir / "hosts", extra_env=extra_env, echo=False,
                 internet=internet, start_skew_s=self.start_skew_s if hosts > 1 else 0.0,
                 sm_drivers_dir=launch.sm_drivers_dir, container_command=launch.command,
-                instance_type=resource.get("InstanceType"), runtime=launch.runtime,
+                instance_type=resource.get("InstanceType"), runtime=launch.runtime, prepare_host=launch.prepare_host,
             )
             done = threading.Event()
             watchers = [threading.Thread(target=_stop_when_asked, args=(name, (stop, reclaim), done), daemon=True)]
@@ -1278,11 +1283,11 @@ class FakeSageMaker:
         environment = request.get("Environment") or {}
         config = {
             "framework": framework, "framework_module": module, "region": region,
-            "input_data_config": input_data_config, "sm_drivers_channel": "sm_drivers" in local_channels,
             # What the local cluster's containers carry that the image's would not (unless the job sets it).
             "unset": [k for k in ("SM_CHECKPOINT_DIR", "PET_TEE") if k not in environment],
             "hide_path": str(_TESTS_DIR),
         }
+        sm_drivers_channel = "sm_drivers" in local_channels
         boot = (f"import sys; sys.path.insert(0, {str(_TESTS_DIR)!r}); import fake_sagemaker; "
                 "sys.exit(fake_sagemaker.toolkit_main(sys.argv[1:]))")
         return _Launch(
@@ -1292,6 +1297,7 @@ class FakeSageMaker:
             driver=f"sagemaker-training toolkit ({module}): python {program}",
             described=(f"the image's framework toolkit ({module}, no ContainerEntrypoint): `python {program}` once per "
                        f"host from {submit} at /opt/ml/code, no launcher"),
+            prepare_host=lambda sandbox: toolkit_layout(sandbox.root, input_data_config, sm_drivers_channel),
         )
 
     @staticmethod
@@ -1837,6 +1843,23 @@ _TOOLKIT_ERROR_NAMES = tuple(n for n in dir(builtins) if "Error" in n or "Except
     "Invalid requirement", "ResourceExhaustedError", "OutOfRangeError", "InvalidArgumentError")
 
 
+def toolkit_layout(root: Path, input_data_config: dict[str, Any], sm_drivers_channel: bool) -> None:
+    """A host of a job without a ContainerEntrypoint as SageMaker lays it out for the request, before
+    the container starts (`root` is the host's /opt/ml; the local cluster laid it out for sm_train.sh):
+    `inputdataconfig.json` and /opt/ml/input/data for exactly the request's channels (the local
+    cluster always adds `code` and `sm_drivers`), the code at /opt/ml/code (the toolkit downloads
+    `sagemaker_submit_directory` there itself: the fake has downloaded and extracted it into the
+    `code` channel already)."""
+    config_dir, data_dir, code_dir = root / "input" / "config", root / "input" / "data", root / "code"
+    (config_dir / "inputdataconfig.json").write_text(json.dumps(input_data_config))
+    if not sm_drivers_channel:
+        shutil.rmtree(data_dir / "sm_drivers", ignore_errors=True)
+    if (data_dir / "code").is_dir():
+        shutil.rmtree(code_dir, ignore_errors=True)
+        shutil.move(str(data_dir / "code"), str(code_dir))
+    code_dir.mkdir(exist_ok=True)  # the images have an empty /opt/ml/code
+
+
 def toolkit_main(argv: list[str]) -> int:
     """What a SageMaker framework training image runs on each host of a job without a
     ContainerEntrypoint: its entrypoint's `train`, i.e. `sagemaker_training.trainer.train()` with the
@@ -1846,10 +1869,8 @@ def toolkit_main(argv: list[str]) -> int:
     `/opt/ml` is this host's, as `python -c` (the fake's container command); `argv[0]` is the fake's
     JSON config.
 
-    1. The host as SageMaker lays it out for this request: the request's channels only in
-       `inputdataconfig.json` and under /opt/ml/input/data (the local cluster always adds `code`
-       and `sm_drivers`), the code from `sagemaker_submit_directory` at /opt/ml/code (the local
-       cluster copied the downloaded, extracted tarball to /opt/ml/input/data/code).
+    1. The host as SageMaker lays it out for this request (`toolkit_layout`, before the container
+       starts: the local cluster mounts /opt/ml/input/config and /opt/ml/input/data read-only).
     2. `Environment()`: the hyperparameters JSON-decoded, those named `sagemaker_*` (and
        `_tuning_objective_metric`, ...) kept out of the script's arguments, `SM_*` from
        `to_env_vars()`, `CURRENT_HOST`, `SAGEMAKER_JOB_NAME`, `SAGEMAKER_REGION`; the framework's
@@ -1875,14 +1896,7 @@ def toolkit_main(argv: list[str]) -> int:
         stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
         print(f"{stamp} sagemaker-training-toolkit {level:<8} {message}", flush=True)
 
-    # 1. the host as the request lays it out
-    (config_dir / "inputdataconfig.json").write_text(json.dumps(cfg["input_data_config"]))
-    if not cfg["sm_drivers_channel"]:
-        shutil.rmtree(data_dir / "sm_drivers", ignore_errors=True)
-    if (data_dir / "code").is_dir():
-        shutil.rmtree(code_dir, ignore_errors=True)
-        shutil.move(str(data_dir / "code"), str(code_dir))
-    code_dir.mkdir(exist_ok=True)  # the images have an empty /opt/ml/code
+    # 1. the host as the request lays it out: done before the container started (`toolkit_layout`)
     for key in cfg["unset"]:
         os.environ.pop(key, None)
     if cfg["framework_module"]:

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from conftest import PROBE_CODE
 
+from workshop.runtime import hostns
+
 IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.9-cpu-py312"
 
 
@@ -93,7 +95,9 @@ def test_hosts_run_the_sdks_sm_train_sh_as_algo_n(fake: Any) -> None:
         assert any(f"--master_addr=algo-1 --master_port=7777 --node_rank={rank} train.py --epochs 2" in line
                    for line in host_lines), host_lines
     env = rank_env(fake, 1)
-    assert env["hostname"] == "algo-2" and env["MASTER_ADDR"] == "algo-1" and env["algo-1"] == "127.0.0.1"
+    # algo-2 by name to its peers, but its hostname is an instance's: SageMaker does not promise algo-N.
+    assert env["SM_CURRENT_HOST"] == "algo-2" and env["hostname"] == hostns.instance_hostname("algo-2")
+    assert env["MASTER_ADDR"] == "algo-1" and env["algo-1"] == "127.0.0.1"
     assert env["SM_CURRENT_INSTANCE_TYPE"] == "ml.m5.xlarge"
     assert env["SM_MODEL_DIR"] == "/opt/ml/model" and env["cwd"] == "/opt/ml/input/data/code"
     assert any("starting 3 s after the first host" in line for line in lines["algo-2"])

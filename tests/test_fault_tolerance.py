@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ def host_env(host: int, hosts: int = 2, **config) -> dict[str, str]:
     return {
         "SM_DISTRIBUTED_CONFIG": json.dumps({"process_count_per_node": 1, **config}),
         "SM_HPS": json.dumps({"epochs": 3, "lr": 0.02, "backend": "gloo"}),
+        "SM_HOSTS": json.dumps([f"algo-{i + 1}" for i in range(hosts)]),
         "SM_HOST_COUNT": str(hosts), "SM_MASTER_ADDR": "algo-1", "SM_MASTER_PORT": "7777",
         "SM_CURRENT_HOST": f"algo-{host + 1}", "SM_CURRENT_HOST_RANK": str(host), "SM_ENTRY_SCRIPT": "train.py",
         "SM_NUM_GPUS": "0", "TRAINING_JOB_NAME": "alice-data-parallel-1",
@@ -56,8 +58,74 @@ def test_with_a_budget_torchrun_restarts_through_the_c10d_rendezvous():
     cmd = driver().torchrun_command(host_env(1, max_restarts=2))
     assert cmd[:8] == ["torchrun", "--nnodes=2", "--nproc_per_node=1", "--max-restarts=2", "--rdzv-backend=c10d",
                        "--rdzv-endpoint=algo-1:7777", "--rdzv-id=alice-data-parallel-1", "--local-addr=algo-2"]
-    assert cmd[8:] == ["train.py", "--epochs", "3", "--lr", "0.02", "--backend", "gloo"]
+    # Told which host runs the store (never guessed from the hostname), and how long to wait for the others.
+    assert cmd[8] == "--rdzv-conf=is_host=0,join_timeout=600,read_timeout=600"
+    assert cmd[9:] == ["train.py", "--epochs", "3", "--lr", "0.02", "--backend", "gloo"]
     assert "--node_rank=1" not in cmd  # the rendezvous ranks nodes by --local-addr: rank 0 stays on algo-1
+
+
+def rdzv_conf(env: dict[str, str]) -> dict[str, str]:
+    """The --rdzv-conf of this host's command, parsed as torchrun parses it."""
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+
+    [conf] = [a.split("=", 1)[1] for a in driver().torchrun_command(env) if a.startswith("--rdzv-conf=")]
+    return _parse_rendezvous_config(conf)
+
+
+@pytest.mark.parametrize("hosts", [1, 2, 3])
+def test_the_master_host_and_only_it_runs_the_rendezvous_store(hosts):
+    for host in range(hosts):
+        assert rdzv_conf(host_env(host, hosts, max_restarts=1))["is_host"] == ("1" if host == 0 else "0")
+    # The local cluster's process runtime gives the master as an address: the first host runs the store,
+    # and serves its workers' store there too (no algo-N name resolves in that runtime).
+    process = {"SM_MASTER_ADDR": "127.0.0.1", "SM_MASTER_PORT": "29517"}
+    assert [rdzv_conf({**host_env(h, hosts, max_restarts=1), **process})["is_host"] for h in range(hosts)] \
+        == ["1"] + ["0"] * (hosts - 1)
+    local_addrs = [next(a for a in driver().torchrun_command({**host_env(h, hosts, max_restarts=1), **process})
+                        if a.startswith("--local-addr=")) for h in range(hosts)]
+    assert local_addrs == ["--local-addr=127.0.0.1"] + [f"--local-addr=algo-{h + 1}" for h in range(1, hosts)]
+    assert sorted(local_addrs) == local_addrs  # node ranks follow it: node 0 stays on the first host
+
+
+def test_the_join_timeout_bounds_the_wait_for_the_store_too():
+    conf = rdzv_conf(host_env(1, max_restarts=1, join_timeout_s=900))
+    assert conf["join_timeout"] == conf["read_timeout"] == "900"
+
+
+def test_the_driver_waits_for_every_hosts_name_and_names_the_one_that_never_resolves():
+    import socket
+
+    now = [0.0]
+    lookups: list[str] = []
+
+    def resolve(name, port):
+        lookups.append(name)
+        if name == "algo-3" or (name == "algo-2" and now[0] < 5):  # algo-2 resolves after 5 s, algo-3 never
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.1.2", 0))]
+
+    def sleep(seconds):
+        now[0] += seconds
+
+    wait = driver().unresolved_host
+    assert wait(["algo-1", "algo-2"], 60, resolve=resolve, clock=lambda: now[0], sleep=sleep) is None
+    assert 5 <= now[0] < 7 and lookups.count("algo-2") >= 5  # it waited for algo-2, retrying
+    now[0] = 0.0
+    assert wait(["algo-1", "algo-2", "algo-3"], 30, resolve=resolve, clock=lambda: now[0], sleep=sleep) == "algo-3"
+    assert 30 <= now[0] < 32  # bounded
+
+
+def test_a_host_that_never_resolves_fails_the_job_naming_it_before_torchrun_starts(monkeypatch, tmp_path, capsys):
+    mod = driver()
+    waited: list[tuple[list[str], float]] = []
+    monkeypatch.setattr(mod, "unresolved_host", lambda hosts, timeout: waited.append((hosts, timeout)) or "algo-2")
+    monkeypatch.setattr(mod.subprocess, "Popen", lambda *a, **k: pytest.fail("torchrun started"))
+    failure = tmp_path / "failure"
+    monkeypatch.setattr(os, "environ", {**os.environ, **host_env(0, max_restarts=1), "SM_OUTPUT_FAILURE": str(failure)})
+    assert mod.main() == 1
+    assert waited == [(["algo-1", "algo-2"], 600)]
+    message = "host algo-2 does not resolve after 600 s, so this host cannot reach it (hosts algo-1, algo-2; this is algo-1)"
+    assert message in capsys.readouterr().err and failure.read_text() == message
 
 
 def test_the_drivers_efa_lists_are_the_sdks():
@@ -276,3 +344,90 @@ def test_lab4_on_two_hosts_heals_in_place_from_shards_no_host_shares(tmp_path, c
     assert plain.ok, plain.failure
     assert _final(faulted, "final_train_loss") == _final(plain, "final_train_loss")
     assert _final(faulted, "test_accuracy") == _final(plain, "test_accuracy")
+
+
+# ----------------------------------------------------------------------------- the rendezvous host (slow)
+
+
+@pytest.mark.slow
+def test_an_elastic_job_on_hosts_not_named_algo_n_finds_its_rendezvous_host(no_aws, tmp_path):
+    """On SageMaker a host's hostname is not promised to be `algo-N` (ModelTrainer's `/bin/bash` entry
+    point skips the images' renaming script), and the fake's hosts, like the local cluster's, have an
+    instance's hostname. torchrun's c10d rendezvous, left to guess which host runs its store from the
+    hostname, guesses no host: the job must say it (is_host), and does."""
+    import boto3
+    import fake_sagemaker
+    from conftest import PROBE_CODE
+    from sagemaker.core.training.configs import Compute, SourceCode, StoppingCondition
+    from sagemaker.train.model_trainer import ModelTrainer
+
+    from workshop.cloud import aws
+    from workshop.runtime import hostns
+
+    with fake_sagemaker.FakeSageMaker(workdir=tmp_path / "fake", start_skew_s=2.0) as fake:
+        boto = boto3.Session(region_name=fake.region)
+        trainer = ModelTrainer(
+            sagemaker_session=aws.sagemaker_session(boto), role=fake.role_arn, base_job_name="alice-elastic",
+            training_image="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.9-cpu-py312",
+            source_code=SourceCode(source_dir=str(PROBE_CODE), entry_script="train.py"),
+            distributed=ElasticTorchrun(process_count_per_node=1, max_restarts=1),
+            compute=Compute(instance_type="ml.m5.xlarge", instance_count=2),
+            stopping_condition=StoppingCondition(max_runtime_in_seconds=600), hyperparameters={"epochs": 1},
+        )
+        trainer.train(wait=False, logs=False)
+        name, client = trainer._latest_training_job.training_job_name, boto.client("sagemaker")
+        deadline = time.monotonic() + 900  # the job runs inside CreateTrainingJob, or after it
+        while (described := client.describe_training_job(TrainingJobName=name))["TrainingJobStatus"] \
+                == "InProgress" and time.monotonic() < deadline:
+            time.sleep(2)
+        run = fake.jobs[-1]
+    assert run.runtime == "container"
+    assert described["TrainingJobStatus"] == "Completed", described.get("FailureReason")
+    seen = {}
+    for found in Path(run.workdir).rglob("env-rank*.json"):
+        env = json.loads(found.read_text())
+        seen[int(env["RANK"])] = env
+    assert sorted(seen) == [0, 1]
+    for rank, env in seen.items():
+        host = f"algo-{rank + 1}"  # global rank 0 on algo-1 (node ranks follow --local-addr)
+        assert env["SM_CURRENT_HOST"] == host and env["hostname"] == hostns.instance_hostname(host) != host
+        assert env["algo-1"] == "127.0.0.1" and env["algo-2"] == "127.0.0.2"
+
+
+@pytest.mark.slow
+def test_an_elastic_job_runs_in_the_process_runtime_too(tmp_path):
+    """Where Linux namespaces are unavailable the hosts are plain processes: no algo-N name resolves
+    and the master is 127.0.0.1. The first host runs the rendezvous' store and its workers' store."""
+    from conftest import PROBE_CODE
+
+    from workshop.runtime.local_cluster import LocalCluster
+
+    cluster = LocalCluster(PROBE_CODE, "train.py", hosts=2, procs_per_host=1,
+                           distributed=ElasticTorchrun(process_count_per_node=1, max_restarts=1),
+                           workdir=tmp_path / "run", echo=False, runtime="process")
+    result = cluster.run({}, check=False)
+    assert result.ok and result.runtime == "process", "\n".join(result.lines[-40:])
+    seen = {json.loads(f.read_text())["RANK"]: host.name for host in result.hosts
+            for f in host.output_data_dir.glob("env-rank*.json")}
+    assert seen == {"0": "algo-1", "1": "algo-2"}
+
+
+@pytest.mark.slow
+def test_a_host_that_starts_minutes_before_the_master_still_joins(tmp_path):
+    """Instances finish their set-up at different times. Here algo-1, which runs the rendezvous' store,
+    starts 200 s after algo-2: algo-2's agent must keep trying to reach the store for as long as the
+    rendezvous waits for a host (its join timeout), not for torchrun's 60 s read timeout (tried twice,
+    with a pause between: about 145 s)."""
+    from conftest import PROBE_CODE
+
+    from workshop.runtime.local_cluster import LocalCluster
+
+    cluster = LocalCluster(PROBE_CODE, "train.py", hosts=2, procs_per_host=1,
+                           distributed=ElasticTorchrun(process_count_per_node=1, max_restarts=1),
+                           start_skew_s=[200, 0], workdir=tmp_path / "run", echo=False, runtime="container")
+    result = cluster.run({}, check=False)
+    assert result.ok, "\n".join(result.lines[-40:])
+    algo1, algo2 = result.hosts
+    assert algo1.driver_started_s - algo2.driver_started_s >= 195
+    assert sorted(json.loads(f.read_text())["RANK"] for h in result.hosts for f in h.output_data_dir.glob("env-rank*.json")) \
+        == ["0", "1"]

@@ -14,6 +14,7 @@ from conftest import PROBE_CODE
 from sagemaker.train.distributed import Torchrun
 
 from workshop.errors import WorkshopError
+from workshop.runtime import hostns
 from workshop.runtime.local_cluster import (
     MARKER,
     LocalCluster,
@@ -86,7 +87,9 @@ def test_contract_variables_per_host_and_rank(tmp_path, channels):
         # SageMaker's names and port, as the SDK's environment.py sets them, resolved by name.
         assert env["SM_MASTER_ADDR"] == "algo-1" == env["MASTER_ADDR"]
         assert env["SM_MASTER_PORT"] == "7777" == env["MASTER_PORT"]
-        assert env["hostname"] == host and env["algo-1"] == "127.0.0.1" and env["algo-2"] == "127.0.0.2"
+        # Peers by name; the hostname is an instance's, not algo-N, as SageMaker does not promise it.
+        assert env["hostname"] == hostns.instance_hostname(host) != host
+        assert env["algo-1"] == "127.0.0.1" and env["algo-2"] == "127.0.0.2"
         assert env["WORLD_SIZE"] == "4" and env["LOCAL_RANK"] == str(rank % 2)
         assert env["SM_NUM_GPUS"] == "0" and int(env["SM_NUM_CPUS"]) >= 1
         # The container's own paths: each host's sandbox is its /opt/ml.
@@ -103,6 +106,13 @@ def test_contract_variables_per_host_and_rank(tmp_path, channels):
         assert env["cwd"] == "/opt/ml/input/data/code" == env["SM_SOURCE_DIR"]
         assert env["argv"] == ["--epochs", "2", "--lr", "0.1", "--run-name", "probe"]
         assert not any(k.startswith("AWS_") for k in env["all_keys"])  # no caller credentials inside
+        # What the service lays out in /opt/ml/input is read-only (its config, its data channels and their
+        # contents), but for what the SDK's own scripts write: /opt/ml/input (sm_training.env), the code
+        # channel (a .tar.gz source_dir is unpacked there) and sm_drivers (chmod +x sm_train.sh).
+        assert env["writable"] == {
+            "/opt/ml/input": True, "/opt/ml/input/config": False, "/opt/ml/input/data": False,
+            "/opt/ml/input/data/code": True, "/opt/ml/input/data/sm_drivers": True, "/opt/ml/input/data/train": False,
+            "/opt/ml/model": True, "/opt/ml/output/data": True, "/opt/ml/checkpoints": True}
     for host in result.hosts:  # written by the SDK's own environment.py, in the host's /opt/ml
         exported = (host.sandbox.input_dir / "sm_training.env").read_text()
         assert f"export SM_CURRENT_HOST='{host.name}'" in exported
@@ -165,7 +175,7 @@ def test_a_job_without_a_route_out_has_no_network_but_its_hosts(tmp_path, channe
         seen = envs(online)
         assert seen[0]["interfaces"] == ["lo"] and seen[0]["net_ns"] != os.readlink("/proc/self/ns/net")
         assert seen[0]["connect"] == "pong" == seen[1]["connect"]
-        assert seen[0]["hostname"] == "algo-1" and seen[1]["algo-1"] == "127.0.0.1"
+        assert seen[0]["hostname"] == hostns.instance_hostname("algo-1") and seen[1]["algo-1"] == "127.0.0.1"
 
 
 @pytest.mark.slow

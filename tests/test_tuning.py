@@ -375,6 +375,10 @@ def test_on_the_fake_service_each_trial_is_a_whole_distributed_job(no_aws, tmp_p
             assert sorted(logs) == ["algo-1", "algo-2"]
             everything = [line for lines in logs.values() for line in lines]
             assert any(line.startswith("workshop_trial: running sm_train.sh") for line in everything)
+            # It wrote nothing under /opt/ml/input (the fake mounts the service's part read-only): the
+            # environment file is in its own folder next to the code.
+            assert any(line == "Environment variables written to /opt/ml/code/.workshop-trial/sm_training.env "
+                       "by workshop_trial.py" for line in everything)
             assert sum("torchrun --nnodes=2" in line for line in everything) == 2  # the SDK's driver, on each host
             assert configuration(logs["algo-1"])["world_size"] == 2  # one world of 2, not two of 1
             assert not any(line.startswith("Configuration: ") for line in logs["algo-2"])  # rank 1: no rank-0 lines
@@ -385,6 +389,28 @@ def test_on_the_fake_service_each_trial_is_a_whole_distributed_job(no_aws, tmp_p
     assert result.best is best and record.best_training_job == best.job_name
     assert f"tuning job {record.name}: Completed; best trial {best.job_name}" in out
     assert re.search(rf"^{best.index} \*\s+{best.hyperparameters['lr']}\s+0\.\d{{4}}", out, re.MULTILINE), out
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "elastic torchrun", "no launcher"])
+def test_a_trial_finds_in_the_sdks_sm_train_sh_every_line_it_points_elsewhere(launcher, tmp_path):
+    """workshop_trial.py runs a copy of the job's sm_train.sh with the lines that name /opt/ml/input's
+    environment file and code channel replaced (a trial writes nothing there, and has no code channel):
+    each is in the script this SDK generates, once, whatever the launcher."""
+    from sagemaker.train.distributed import Torchrun
+
+    from workshop.jobs.tuning import TRIAL_DRIVER
+    from workshop.launchers.configs import ElasticTorchrun
+    from workshop.runtime.contract import write_sm_drivers
+    from workshop.spec import load_module
+
+    distributed = {"torchrun": Torchrun(process_count_per_node=1),
+                   "elastic torchrun": ElasticTorchrun(process_count_per_node=1, max_restarts=1),
+                   "no launcher": None}[launcher]
+    drivers = write_sm_drivers(tmp_path / "sm_drivers", LAB.source_dir, LAB.entry_script, distributed)
+    script = (drivers / "sm_train.sh").read_text()
+    trial = load_module(TRIAL_DRIVER, "workshop_trial_under_test")
+    for step in (trial.ENVIRONMENT_STEP, trial.SOURCE_STEP, trial.CODE_STEP):
+        assert script.count(step) == 1 and any(line.strip() == step for line in script.splitlines()), (step, script)
 
 
 def test_a_local_search_says_which_trials_are_still_running_while_none_ends(tmp_path, monkeypatch):

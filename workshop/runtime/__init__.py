@@ -2,7 +2,8 @@
 
 - `contract`: the container's contract (`/opt/ml`, `SM_*`, `sm_drivers`), a host's sandbox.
 - `local_cluster`: N simulated hosts running the SDK's own `sm_train.sh` (or its driver), their logs.
-- `hostns`: Linux namespaces that give each host `/opt/ml`, the hostname `algo-N` and a private network.
+- `hostns`: Linux namespaces that give each host `/opt/ml`, its peers as `algo-1..N`, a hostname that is
+  not `algo-N` (as SageMaker does not promise one) and a private network.
 - `run_driver`: the process runtime's entry, which runs one SDK driver script.
 - `processes`: how every process of one run is found (and swept) by its marker; Ctrl-C held back
   where it would cut a process start or a run's shutdown in half.

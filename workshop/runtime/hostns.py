@@ -1,10 +1,12 @@
 """Simulated SageMaker hosts as the container sees them: `/opt/ml`, `algo-N`, and the job's network.
 
 A SageMaker training host is a container whose `/opt/ml` holds the job's config, data, code and
-drivers, whose hostname is `algo-N`, whose peers resolve as `algo-1..algo-N`, and whose network is
-the job's (the internet, or only what a VPC subnet routes to). The local cluster gives each of its
-simulated hosts the same view with Linux namespaces, no privileges needed (`unshare -r`, as the
-benchmarks already use):
+drivers, whose peers resolve as `algo-1..algo-N`, and whose network is the job's (the internet, or
+only what a VPC subnet routes to). Its hostname is NOT promised to be `algo-N`: SageMaker's guide
+says not to rely on `/etc/hostname` in a training container, and the images' entry point
+(`start_with_right_hostname.sh`, which makes `gethostname()` answer `algo-N`) is replaced by
+ModelTrainer's `/bin/bash`. The local cluster gives each of its simulated hosts the same view with
+Linux namespaces, no privileges needed (`unshare -r`, as the benchmarks already use):
 
 - a **user namespace** (we are "root" inside it, which lets us do the rest);
 - a **network namespace** per job, shared by its hosts, holding only a loopback interface: the
@@ -15,8 +17,14 @@ benchmarks already use):
   meet another job's;
 - a **mount namespace** per host, in which the host's sandbox folder is mounted at `/opt/ml` and a
   hosts file maps `algo-N` to `127.0.0.N` (every 127/8 address is local to the loopback
-  interface, so each host has an address of its own);
-- a **UTS namespace** per host, whose hostname is `algo-N`.
+  interface, so each host has an address of its own). What the service lays out in
+  `/opt/ml/input` before the container starts is mounted read-only where the SDK's own scripts
+  do not write (`mount_input_read_only`): SageMaker does not document it as writable;
+- a **UTS namespace** per host, whose hostname is an instance's, `ip-10-0-1-N.ec2.internal`
+  (`instance_hostname`), not `algo-N`. It resolves, through the same hosts file, to `127.1.0.N`: an
+  address of the host's that is not the one `algo-N` resolves to. So whatever works out "which host
+  am I" from the hostname (torchrun's c10d rendezvous, unless told `is_host`) gets it wrong here, as
+  it can on SageMaker, instead of passing by luck; a job must go by `SM_CURRENT_HOST`.
 
 So the SDK's generated `sm_train.sh` runs unchanged: it reads `/opt/ml/input/config`, writes
 `/opt/ml/input/sm_training.env`, `cd`s into `/opt/ml/input/data/code` and runs the driver, which
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import json
 import os
@@ -57,18 +66,37 @@ CLONE_NEWUTS = 0x04000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_NOATIME = 0x400
+MS_NODIRATIME = 0x800
 MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 0x40000
+MS_RELATIME = 0x200000
 MNT_DETACH = 0x2
+# statvfs's flags for a mount's settings, and the mount flags they stand for (a remount in a user
+# namespace must keep those it inherited, or the kernel refuses it).
+_KEPT_MOUNT_FLAGS = {os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC,
+                     os.ST_NOATIME: MS_NOATIME, os.ST_NODIRATIME: MS_NODIRATIME, os.ST_RELATIME: MS_RELATIME}
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
 
 CONTAINER_ROOT = "/opt/ml"
 HOSTS_FILE = "/etc/hosts"
+INPUT_CONFIG = f"{CONTAINER_ROOT}/input/config"
+INPUT_DATA = f"{CONTAINER_ROOT}/input/data"
+# The SDK's own channels, which its own scripts write (see `mount_input_read_only`).
+WRITABLE_CHANNELS = ("code", "sm_drivers")
 # Loopback addresses of the simulated hosts: algo-N is 127.0.0.N (127/8 is all loopback on Linux).
 HOST_ADDRESS = "127.0.0.{}"
+# A simulated host's hostname (its UTS name), as an EC2 instance's, and the address it resolves to: one
+# of the host's own that no `algo-N` name resolves to (see the module's docstring).
+INSTANCE_HOSTNAME = "ip-10-0-1-{}.ec2.internal"
+INSTANCE_ADDRESS = "127.1.0.{}"
 # Inside a job's private network: where its way out listens, for a job with a route to the internet.
 PROXY_PORT = 3128
 PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
@@ -116,6 +144,44 @@ def umount(target: str) -> None:
     _check(_libc().umount2(target.encode(), MNT_DETACH), f"umount {target}")
 
 
+def mount_read_only(path: str) -> None:
+    """Make `path` (a folder; a link is followed) read-only in this mount namespace: a bind mount of
+    itself, remounted read-only with the settings its file system already has."""
+    real = os.path.realpath(path)
+    mount(real, real, None, MS_BIND | MS_REC)
+    flags = os.statvfs(real).f_flag
+    kept = 0
+    for st_flag, ms_flag in _KEPT_MOUNT_FLAGS.items():
+        if flags & st_flag:
+            kept |= ms_flag
+    mount(None, real, None, MS_BIND | MS_REMOUNT | MS_RDONLY | kept)
+
+
+def mount_input_read_only() -> None:
+    """Make read-only what SageMaker lays out in /opt/ml/input before the container starts and
+    does not document as writable, leaving writable only what the SDK's own scripts write:
+
+    - `/opt/ml/input/config` (the job's config files): read-only;
+    - `/opt/ml/input/data` itself (no entry can be added or removed) and every data channel, with
+      its contents (a channel is a link to its data here; on SageMaker a FastFile channel is a
+      read-only mount): read-only;
+    - the `sm_drivers` and `code` channels: writable, as SDK v3 needs them (its container arguments
+      run `chmod +x /opt/ml/input/data/sm_drivers/sm_train.sh`, and its sm_train.sh unpacks a
+      `.tar.gz` source_dir inside `code`);
+    - `/opt/ml/input` itself: writable, for sm_train.sh writes `/opt/ml/input/sm_training.env`
+      there (so every SDK v3 job needs it). /opt/ml/model, /opt/ml/output and /opt/ml/checkpoints
+      are the job's to write.
+    """
+    mount_read_only(INPUT_CONFIG)
+    for entry in sorted(Path(INPUT_DATA).iterdir()):
+        if entry.name in WRITABLE_CHANNELS and not entry.is_symlink():
+            # A mount of its own: it stays writable when its folder is remounted read-only below.
+            mount(str(entry), str(entry), None, MS_BIND | MS_REC)
+        elif entry.is_dir():
+            mount_read_only(str(entry))
+    mount_read_only(INPUT_DATA)
+
+
 def sethostname(name: str) -> None:
     data = name.encode()
     _check(_libc().sethostname(data, len(data)), "sethostname")
@@ -140,19 +206,31 @@ def loopback_up() -> None:
 
 
 def hosts_file_text(hosts: list[str]) -> str:
-    """/etc/hosts of a simulated host: localhost, and algo-N at 127.0.0.N."""
+    """/etc/hosts of a simulated host: localhost, algo-N at 127.0.0.N, and each host's instance
+    hostname at an address of its own (`instance_hostname`)."""
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     for name in hosts:
         lines.append(f"{host_address(name)}\t{name}")
+    for name in hosts:
+        lines.append(f"{INSTANCE_ADDRESS.format(_host_number(name))}\t{instance_hostname(name)}")
     return "\n".join(lines) + "\n"
+
+
+def _host_number(name: str) -> int:
+    number = int(name.rsplit("-", 1)[-1])
+    if not 1 <= number <= 254:
+        raise ValueError(f"host {name!r}: at most 254 simulated hosts have loopback addresses of their own")
+    return number
 
 
 def host_address(name: str) -> str:
     """algo-N -> 127.0.0.N (N up to 254)."""
-    number = int(name.rsplit("-", 1)[-1])
-    if not 1 <= number <= 254:
-        raise ValueError(f"host {name!r}: at most 254 simulated hosts have loopback addresses of their own")
-    return HOST_ADDRESS.format(number)
+    return HOST_ADDRESS.format(_host_number(name))
+
+
+def instance_hostname(name: str) -> str:
+    """algo-N -> the hostname its simulated host has: ip-10-0-1-N.ec2.internal, not algo-N."""
+    return INSTANCE_HOSTNAME.format(_host_number(name))
 
 
 # ----------------------------------------------------------------------------- can we?
@@ -206,16 +284,25 @@ def _probe() -> int:
     map_root(uid, gid)
     loopback_up()
     mount(None, "/", None, MS_REC | MS_PRIVATE)
-    sethostname("algo-1")
+    sethostname(instance_hostname("algo-1"))
     with tempfile.TemporaryDirectory() as tmp:
         hosts = Path(tmp) / "hosts"
         hosts.write_text(hosts_file_text(["algo-1", "algo-2"]))
         mount(str(hosts), HOSTS_FILE, None, MS_BIND)
         sandbox = Path(tmp) / "sandbox"
         sandbox.mkdir()
+        (sandbox / "input" / "config").mkdir(parents=True)
         _mount_opt_ml(sandbox, Path(tmp) / "opt-stash")
         (Path(CONTAINER_ROOT) / "probe").write_text("x")
         assert (sandbox / "probe").read_text() == "x"
+        mount_read_only(INPUT_CONFIG)
+        try:
+            (Path(INPUT_CONFIG) / "probe").write_text("x")
+            raise AssertionError(f"{INPUT_CONFIG} is still writable after a read-only remount")
+        except OSError as exc:
+            if exc.errno != errno.EROFS:
+                raise
+        umount(INPUT_CONFIG)  # else the folder is busy, and the temporary folder stays
         assert socket.gethostbyname("algo-2") == "127.0.0.2"
         with socket.socket() as s:
             s.bind(("127.0.0.2", 0))
@@ -399,7 +486,8 @@ def _pipe(a: socket.socket, b: socket.socket) -> None:
 class HostSpec:
     """What one simulated host needs; written as JSON for `python -m workshop.runtime.hostns host`."""
 
-    hostname: str
+    name: str  # algo-N
+    hostname: str  # its UTS name (`instance_hostname`)
     sandbox: str  # mounted at /opt/ml
     hosts_file: str  # mounted at /etc/hosts
     command: list[str]
@@ -458,6 +546,7 @@ def _enter(spec: HostSpec) -> None:
         # The run's checkpoint folder itself, not a copy: what the job writes there is in the
         # caller's folder at once, whatever happens to the local cluster afterwards.
         mount(spec.checkpoints, f"{CONTAINER_ROOT}/checkpoints", None, MS_BIND | MS_REC)
+    mount_input_read_only()
     if spec.cpus:
         os.sched_setaffinity(0, spec.cpus)
 
@@ -476,10 +565,10 @@ def _host(spec_path: str) -> int:
     try:
         _enter(spec)
     except OSError as exc:
-        print(f"[hostns] {spec.hostname}: cannot set up the simulated host: {exc}", flush=True)
+        print(f"[hostns] {spec.name}: cannot set up the simulated host: {exc}", flush=True)
         return 70
     if spec.start_delay_s > 0:
-        print(f"[hostns] {spec.hostname}: starting {spec.start_delay_s:g} s after the first host "
+        print(f"[hostns] {spec.name}: starting {spec.start_delay_s:g} s after the first host "
               "(simulated start skew: SageMaker's instances come up at different times)", flush=True)
         time.sleep(spec.start_delay_s)
     return subprocess.Popen(spec.command, cwd=CONTAINER_ROOT, stdin=subprocess.DEVNULL).wait()

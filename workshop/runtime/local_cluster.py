@@ -14,11 +14,12 @@ job's `code` and `sm_drivers` channels as SDK v3 uploads them, and runs what a S
 runs for the same `distributed=` config, all hosts concurrently. Two runtimes:
 
 - **container** (Linux with unprivileged namespaces, `workshop.runtime.hostns`): each host sees its
-  sandbox at `/opt/ml`, its hostname is `algo-N`, its peers resolve as `algo-1..algo-N` (at
-  127.0.0.1..N), and it runs the SDK's own generated `sm_train.sh` unchanged: the SDK's
-  `environment.py` writes `/opt/ml/input/sm_training.env`, the script `cd`s into the code and
-  runs the driver (SDK's `torchrun_driver.py` for `Torchrun`, the workshop's own drivers for
-  its `DistributedConfig`s, the basic script driver without one), which builds
+  sandbox at `/opt/ml` (its config and data channels read-only), its peers resolve as
+  `algo-1..algo-N` (at 127.0.0.1..N), its hostname is an instance's (`ip-10-0-1-N.ec2.internal`,
+  not `algo-N`: SageMaker does not promise it), and it runs the SDK's own generated `sm_train.sh`
+  unchanged: the SDK's `environment.py` writes `/opt/ml/input/sm_training.env`, the script `cd`s
+  into the code and runs the driver (SDK's `torchrun_driver.py` for `Torchrun`, the workshop's own
+  drivers for its `DistributedConfig`s, the basic script driver without one), which builds
   `torchrun --master_addr=algo-1 --master_port=7777 ...` as on SageMaker. The hosts share a
   private network with nothing but loopback, and a job with a route to the internet
   (`internet=True`) reaches it through an HTTPS proxy; hosts may start seconds apart
@@ -72,7 +73,7 @@ import time
 import uuid
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -634,6 +635,7 @@ class LocalCluster:
         runs_dir: str | Path | None = None,
         allow_oversubscription: bool | None = None,
         stall_s: float | None = STALL_S,
+        prepare_host: Callable[[HostSandbox], None] | None = None,
     ):
         """`workdir` is the run's own folder; without it each run gets a new folder under
         `runs_dir` (default: the checkout's `runs/`). Either must be writable: that is checked
@@ -648,7 +650,11 @@ class LocalCluster:
         (default: built here by the installed SDK, as `ModelTrainer` builds it);
         `container_command` the image entrypoint and arguments (default: the SDK's, which
         runs `sm_train.sh`); `instance_type` what the hosts say they are (default "local"), which
-        also sizes the thread pools that wait (`contract.thread_pool_env`).
+        also sizes the thread pools that wait (`contract.thread_pool_env`). The container runtime
+        mounts what the service lays out in `/opt/ml/input` read-only, but for what the SDK's own
+        scripts write (`hostns.mount_input_read_only`); `prepare_host`, if given,
+        is called with each host's sandbox once it is laid out and before the host starts, to lay it
+        out otherwise (the fake SageMaker's framework-image path does).
 
         A cluster far bigger than this machine is refused, and one bigger than its cores is
         warned about (`check_machine_fits` has the thresholds); `allow_oversubscription=True`
@@ -706,6 +712,7 @@ class LocalCluster:
         self.master_port = master_port
         self.stop_grace_s = stop_grace_s
         self.extra_env = dict(extra_env or {})
+        self.prepare_host = prepare_host
         self.echo = echo
         self.verbose = verbose
         if runtime not in RUNTIMES:
@@ -914,6 +921,8 @@ class LocalCluster:
                 source_dir=self.source_dir, instance_type=instance_type,
                 sm_drivers=drivers_dir,
             )
+            if self.prepare_host is not None:
+                self.prepare_host(sandbox)
             if container:
                 env = container_process_env(job_name)
             else:
@@ -952,7 +961,7 @@ class LocalCluster:
             if container:
                 mine = [cpus[(host_rank * share + i) % len(cpus)] for i in range(share)]
                 spec = hostns.HostSpec(
-                    hostname=host, sandbox=str(sandbox.root), hosts_file=str(hosts_file),
+                    name=host, hostname=hostns.instance_hostname(host), sandbox=str(sandbox.root), hosts_file=str(hosts_file),
                     command=self.container_command or container_command(), holder_pid=0,
                     stash=str(ns_dir / f"opt-{host}"), start_delay_s=self.start_delays[host_rank], cpus=mine,
                     pythonpath=env.get("PYTHONPATH"),  # /opt/ml/checkpoints: the sandbox's own, synced below
@@ -1091,9 +1100,12 @@ class _Run:
         """
         with DeferredInterrupt() as interrupt:
             for host, env, cmd in zip(self.hosts, self.envs, self.commands, strict=True):
+                # sm_train.sh: cd /opt/ml/input/data/code (the container runtime's host runs its command
+                # in /opt/ml, and a host laid out without a code channel, by `prepare_host`, has none)
+                code = host.sandbox.code_dir
                 proc = subprocess.Popen(
                     cmd,
-                    cwd=host.sandbox.code_dir,  # sm_train.sh: cd /opt/ml/input/data/code
+                    cwd=code if code.is_dir() else host.sandbox.root,
                     env={**env, PARENT_ENV: str(os.getpid())},
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,

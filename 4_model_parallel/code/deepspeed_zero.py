@@ -36,6 +36,7 @@ other routes' images do not have it (the deepspeed route's job installs `require
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import torch
@@ -107,6 +108,8 @@ def deepspeed_engine(model: nn.Module, args, world_size: int, dtype: torch.dtype
     config = zero_config(args, world_size, dtype, bucket)
     # DIST: the engine partitions the state over every rank of the process group (ZeRO's stage decides which)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    if engine.global_rank == 0:
+        print("DeepSpeed configuration: " + json.dumps(config, sort_keys=True), flush=True)
     stage, offload = zero_stage(args.sharding)
     how = f"DeepSpeed ZeRO-{stage}" + (" + optimizer offload to the host" if offload else "") + f" over {world_size} ranks"
     return engine, world_size, how
@@ -114,8 +117,8 @@ def deepspeed_engine(model: nn.Module, args, world_size: int, dtype: torch.dtype
 
 class EngineOptimizer:
     """The training loop's optimizer for a DeepSpeed engine: its step (the ZeRO update, at the accumulation
-    boundary) and its gradients' zeroing; `loss.backward()` runs DeepSpeed's gradient hooks itself (PyTorch-style
-    backward, DeepSpeed 0.17+). `zero_measures()`: this rank's accounting (the module's doc)."""
+    boundary) and its gradients' zeroing; `loss.backward()` runs DeepSpeed's gradient hooks itself (DeepSpeed 0.19.8's
+    ZeRO engines take a PyTorch-style backward). `zero_measures()`: this rank's accounting (the module's doc)."""
 
     def __init__(self, engine):
         self.engine, self.zero = engine, engine.optimizer

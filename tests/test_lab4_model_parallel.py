@@ -272,6 +272,16 @@ def test_your_own_image_must_bring_deepspeed(corpus, capsys):
     assert "install_requirements.py" not in request.sm_drivers["sm_train.sh"]
 
 
+def test_a_route_whose_requirements_file_is_missing_is_refused():
+    import dataclasses
+
+    from workshop.jobs import plan_job
+
+    route = dataclasses.replace(LAB.sagemaker_route("deepspeed"), requirements="no-such-requirements.txt")
+    with pytest.raises(WorkshopError, match="installs .*no-such-requirements.txt, which is not there"):
+        plan_job(dataclasses.replace(LAB, routes=(route,)), route="deepspeed", region="us-east-1")
+
+
 @pytest.fixture
 def without_deepspeed(monkeypatch):
     """This environment as it is without DeepSpeed installed."""

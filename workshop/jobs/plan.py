@@ -356,7 +356,11 @@ def plan_job(
         notes.append(check_image_supported(framework, version, allow_unsupported_image=allow_unsupported_image,
                                            fix=defaults.unsupported_image_fix))
         if defaults.requirements:
-            pins = [line.strip() for line in (lab.source_dir / defaults.requirements).read_text().splitlines()
+            listed = lab.source_dir / defaults.requirements
+            if not listed.is_file():
+                raise WorkshopError(f"Lab {lab.key!r}'s {defaults.route!r} route installs {listed}, which is not there.",
+                                    f"add it to {lab.folder}/code/, or correct the route's requirements= in its lab.py.")
+            pins = [line.strip() for line in listed.read_text().splitlines()
                     if line.strip() and not line.lstrip().startswith("#")]
             notes.append(f"the {defaults.route!r} route's job installs {lab.folder}/code/{defaults.requirements} "
                          f"({', '.join(pins)}) from PyPI when it starts, before its driver: it needs the internet")

@@ -1,4 +1,6 @@
-"""Lab 4's measurement grid: per-rank memory and step time for each sharding, at world sizes 1, 2, 4.
+"""Lab 4's measurement grid: per-rank memory and step time for each sharding, at world sizes 1, 2, 4 (PyTorch's
+shardings, and DeepSpeed's ZeRO stages at N > 1: `--sharding zero1|zero2|zero3|zero3_offload`, whose "ideal" is ZeRO's
+theory with DeepSpeed's fp32 master copy).
 
     python 4_model_parallel/measure.py                 # the memory table
     from measure import MEASURE_MODEL, measure         # what the notebook calls (its folder is on the path)
@@ -57,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(f"{'sharding':<14} {'N':>2} {'rank':>4} {'state KB':>9} {'ideal KB':>9} {'saved act KB':>12} {'step ms':>8}")
     for n in (int(x) for x in args.world_sizes.split(",")):
-        for sharding in ("no_shard", "optimizer", "shard_grad_op", "full_shard"):
+        zero = ("zero1", "zero2", "zero3", "zero3_offload") if n > 1 else ()  # one rank: nothing for ZeRO to split
+        for sharding in ("no_shard", "optimizer", "shard_grad_op", "full_shard", *zero):
             for r in measure(sharding, n)[:1]:
                 print(f"{sharding:<14} {n:>2} {r['rank']:>4} {r['state_bytes'] / 1e3:>9.1f} "
                       f"{r['ideal_state_bytes'] / 1e3:>9.1f} {r['saved_act_bytes'] / 1e3:>12.1f} "

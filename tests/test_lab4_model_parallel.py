@@ -201,3 +201,205 @@ def test_two_hosts_on_gloo_use_the_hosts_interface(corpus, tmp_path):
     assert config["backend"] == "gloo"
     assert config["gloo_socket_ifname"] == json.loads(
         (result.hosts[0].sandbox.config_dir / "resourceconfig.json").read_text())["network_interface_name"]
+
+
+# --------------------------------------------------------------------------- DeepSpeed ZeRO (issue 29)
+
+ZERO_STAGES = ("zero1", "zero2", "zero3", "zero3_offload")
+
+
+def test_sagemaker_deepspeed_route_installs_deepspeed_at_the_jobs_start(corpus, capsys):
+    """The deepspeed route: the FSDP route's PyTorch 2.13 image and instances, plain Torchrun(), a ZeRO sharding, and
+    DeepSpeed installed by the SDK's sm_train.sh from the code folder's requirements file; priced as the other routes."""
+    request = run_on_sagemaker(LAB, route="deepspeed", hosts=2, data_dir=corpus.root, dry_run=True, region="us-east-1")
+    out = capsys.readouterr().out
+    assert request["AlgorithmSpecification"]["TrainingImage"] == (
+        "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch:2.13-cu133-amzn2023-sagemaker")
+    assert request["ResourceConfig"]["InstanceType"] == "ml.g5.xlarge" and request["ResourceConfig"]["InstanceCount"] == 2
+    assert request["HyperParameters"]["sharding"] == "zero3"  # the route's own flag
+    assert json.loads(request.sm_drivers["distributed.json"]) == {"process_count_per_node": None, "smp": None}
+    assert "install_requirements.py requirements-deepspeed.txt" in request.sm_drivers["sm_train.sh"]
+    assert "requirements-deepspeed.txt" in request.code_files and "deepspeed_zero.py" in request.code_files
+    assert "cost: at most $1.41 = 2 x ml.g5.xlarge" in out
+    assert "installs 4_model_parallel/code/requirements-deepspeed.txt (deepspeed==0.19.8) from PyPI" in out
+    # Another stage, by the script's own flag; the default route's job installs nothing.
+    other = run_on_sagemaker(LAB, route="deepspeed", hosts=2, hyperparameters={"sharding": "zero1"},
+                             data_dir=corpus.root, dry_run=True, region="us-east-1")
+    assert other["HyperParameters"]["sharding"] == "zero1"
+    fsdp = run_on_sagemaker(LAB, hosts=2, data_dir=corpus.root, dry_run=True, region="us-east-1")
+    assert "install_requirements.py" not in fsdp.sm_drivers["sm_train.sh"]
+
+
+def test_the_pinned_deepspeed_is_the_environments():
+    """The job installs the version this environment runs locally (requirements.txt lists the same pin)."""
+    from workshop import REPO_ROOT
+    from workshop.spec import missing_requirements
+
+    job = (LAB.source_dir / "requirements-deepspeed.txt").read_text().split()
+    assert "deepspeed==0.19.8" in job and "deepspeed==0.19.8" in (REPO_ROOT / "requirements.txt").read_text().split()
+    assert missing_requirements(LAB.source_dir / "requirements-deepspeed.txt") == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message", "fix"),
+    [
+        ({"hyperparameters": {"sharding": "zero2"}}, "sharding=zero2 runs DeepSpeed, which the 'fsdp' route's image",
+         "route='deepspeed'"),
+        ({"route": "deepspeed", "hyperparameters": {"sharding": "full_shard"}}, "sharding=full_shard is PyTorch's own",
+         "zero1, zero2, zero3 or zero3_offload"),
+        ({"route": "deepspeed", "network": "endpoints"}, "needs the internet .*requirements-deepspeed.txt",
+         "network='nat'"),
+        ({"route": "deepspeed", "hyperparameters": {"checkpoint-every": 10}}, "a DeepSpeed engine keeps its own",
+         "--checkpoint-every 0"),
+    ],
+)
+def test_sagemaker_deepspeed_refusals(corpus, kwargs, message, fix):
+    with pytest.raises(WorkshopError, match=message) as info:
+        run_on_sagemaker(LAB, hosts=2, data_dir=corpus.root, dry_run=True, region="us-east-1", **kwargs)
+    assert fix in info.value.fix
+
+
+def test_your_own_image_must_bring_deepspeed(corpus, capsys):
+    """With image_uri the job installs nothing (and needs no internet for it): the image must have DeepSpeed."""
+    from workshop.jobs import check_internet, plan_job
+
+    image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/mine:1"
+    plan = plan_job(LAB, route="deepspeed", region="us-east-1", image_uri=image)
+    assert check_internet(plan, "endpoints") is plan
+    assert any("your image must have those packages" in note for note in plan.notes)
+    request = run_on_sagemaker(LAB, route="deepspeed", hosts=2, data_dir=corpus.root, dry_run=True,
+                               region="us-east-1", image_uri=image)
+    assert "install_requirements.py" not in request.sm_drivers["sm_train.sh"]
+
+
+def test_a_route_whose_requirements_file_is_missing_is_refused():
+    import dataclasses
+
+    from workshop.jobs import plan_job
+
+    route = dataclasses.replace(LAB.sagemaker_route("deepspeed"), requirements="no-such-requirements.txt")
+    with pytest.raises(WorkshopError, match="installs .*no-such-requirements.txt, which is not there"):
+        plan_job(dataclasses.replace(LAB, routes=(route,)), route="deepspeed", region="us-east-1")
+
+
+@pytest.fixture
+def without_deepspeed(monkeypatch):
+    """This environment as it is without DeepSpeed installed."""
+    from importlib import metadata
+
+    real = metadata.version
+
+    def version(name):
+        if name == "deepspeed":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "version", version)
+
+
+@pytest.mark.parametrize("how", [{"route": "deepspeed"}, {"hyperparameters": {**TINY, "sharding": "zero1"}}])
+def test_a_local_run_without_deepspeed_names_the_fix(corpus, tmp_path, without_deepspeed, how):
+    with pytest.raises(WorkshopError, match=r"runs DeepSpeed's ZeRO, and this environment lacks deepspeed==0.19.8 "
+                                            r"\(not installed\)") as info:
+        run_local(LAB, hosts=2, workdir=tmp_path / "run", data_dir=corpus.root, echo=False, **how)
+    assert "pip install -r 4_model_parallel/code/requirements-deepspeed.txt" in info.value.fix
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
+
+
+def test_the_cli_without_deepspeed_says_the_fix_not_a_traceback(without_deepspeed, tmp_path, capsys):
+    from workshop.__main__ import main as cli_main
+
+    code = cli_main(["run", "model_parallel", "--route", "deepspeed", "--hosts", "2", "--workdir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: --sharding zero3 runs DeepSpeed's ZeRO"), err
+    assert "Fix: pip install -r 4_model_parallel/code/requirements-deepspeed.txt" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_local_route_runs_with_its_flags(corpus, tmp_path):
+    """Locally, --route deepspeed is the route's ZeRO sharding (the script's own check sees zero3, before anything
+    starts); a route that differs only on SageMaker (smp: its image) is refused, as is a route for several labs."""
+    from workshop.__main__ import main as cli_main
+
+    assert LAB.route_hyperparameters("deepspeed") == {"sharding": "zero3"} and LAB.route_hyperparameters("fsdp") == {}
+    with pytest.raises(WorkshopError, match="--checkpoint-every with --sharding zero3"):
+        run_local(LAB, hosts=2, route="deepspeed", hyperparameters={"checkpoint-every": 5}, checkpoint_dir=tmp_path,
+                  workdir=tmp_path / "run", data_dir=corpus.root, echo=False)
+    with pytest.raises(WorkshopError, match="'smp' route differs from its default only on SageMaker"):
+        run_local(LAB, route="smp", workdir=tmp_path / "run", data_dir=corpus.root, echo=False)
+    assert cli_main(["run", "all", "--route", "deepspeed", "--workdir", str(tmp_path)]) == 2
+    assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
+
+
+def test_the_run_command_reports_each_ranks_bytes_against_the_theory():
+    from workshop.metrics import parse_lines, state_lines
+
+    line = ("METRICS rank=1 sharding=zero2 param_bytes=539648 grad_bytes=331776 optim_bytes=809476 "
+            "theory_param_bytes=539648 theory_grad_bytes=269824 theory_optim_bytes=809476 state_bytes=1680900 "
+            "ideal_state_bytes=1618948 step_time_s=0.0466")
+    assert state_lines(parse_lines([line, "METRICS rank=0 step=3 train_loss=5.1"])) == [
+        "rank 1 (zero2): holds 1,680,900 bytes of state, 1.038 x the theory's 1,618,948 (parameters 539,648 "
+        "(theory 539,648), gradients 331,776 (theory 269,824), optimizer 809,476 (theory 809,476)); 46.6 ms per step"]
+    assert state_lines(parse_lines(["METRICS rank=0 final_train_loss=4.2"])) == []
+
+
+def test_missing_requirements_reads_the_pins(tmp_path):
+    from workshop.spec import missing_requirements
+
+    path = tmp_path / "requirements.txt"
+    path.write_text("# a comment\npytest==0.0.1\nno-such-distribution-here==1.0  # why\nnumpy>=1\n")
+    import pytest as installed
+
+    assert missing_requirements(path) == [f"pytest==0.0.1 ({installed.__version__} installed)",
+                                          "no-such-distribution-here==1.0 (not installed)"]
+
+
+@pytest.mark.slow
+def test_the_deepspeed_route_trains_and_reports_each_ranks_bytes_against_the_theory(corpus, tmp_path):
+    """`python -m workshop run model_parallel --route deepspeed --hosts 2`: ZeRO-3 on 2 simulated hosts, each rank's
+    bytes as ZeRO's theory says (the notebook measures every stage beside FSDP's rows), and nothing compiled."""
+    import os
+
+    ext = tmp_path / "torch_extensions"
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)}
+    proc = subprocess.run([sys.executable, "-m", "workshop", "run", "model_parallel", "--route", "deepspeed",
+                           "--hosts", "2", "--hp", "steps=4", "--hp", "log-interval=2", "--workdir", str(tmp_path / "w"),
+                           "--data-dir", str(corpus.root)], capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("rank ")]
+    assert [line.split(" (")[0] for line in lines] == ["rank 0", "rank 1"], proc.stdout[-3000:]
+    for line in lines:
+        assert "(zero3): holds 1,349,124 bytes of state, 1.000 x the theory's 1,349,124" in line, line
+    assert not ext.exists()  # DeepSpeed compiled no op (it would have built them there)
+    log = next((tmp_path / "w" / "runs").glob("*/logs/cluster.log")).read_text()
+    assert "DeepSpeed ZeRO-3 over 2 ranks" in log and "Saved the model" in log
+
+
+@pytest.mark.slow
+def test_the_deepspeed_route_on_the_fake_sagemaker_installs_deepspeed_then_trains(corpus, tmp_path):
+    """The job as SageMaker runs it: the SDK's sm_train.sh pip-installs requirements-deepspeed.txt on every host (here
+    already satisfied: this environment has the pin), then Torchrun() starts the ZeRO-2 ranks, which report their bytes."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import boto3
+    import fake_sagemaker
+
+    with fake_sagemaker.FakeSageMaker(workdir=tmp_path / "fake", start_skew_s=1.0) as fake:
+        job = run_on_sagemaker(LAB, route="deepspeed", hosts=2, data_dir=corpus.root, confirm_cost=True,
+                               hyperparameters={**TINY, "steps": 4, "log-interval": 2, "sharding": "zero2"})
+        assert job.ok, job.failure_reason
+        client = boto3.Session(region_name=fake.region).client("logs")
+        streams = client.describe_log_streams(logGroupName="/aws/sagemaker/TrainingJobs",
+                                              logStreamNamePrefix=job.job_name + "/")["logStreams"]
+        assert len(streams) == 2
+        for stream in streams:
+            host_lines = [e["message"] for e in client.get_log_events(
+                logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream["logStreamName"],
+                startFromHead=True)["events"]]
+            installed = host_lines.index("Installing requirements")
+            assert any("deepspeed==0.19.8" in line for line in host_lines[installed:]), host_lines[:80]
+            assert installed < host_lines.index("Running Torchrun Driver")
+        records = job.records()
+    rows = sorted((r for r in records if "state_bytes" in r), key=lambda r: r["rank"])
+    assert [r["rank"] for r in rows] == [0, 1] and all(r["zero_stage"] == 2 for r in rows)
+    for r in rows:  # within a few percent (ZeRO-2's gradient buffer covers whole parameters: see deepspeed_zero.py)
+        assert abs(r["state_bytes"] / r["ideal_state_bytes"] - 1) < 0.05, r

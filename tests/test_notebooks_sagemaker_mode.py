@@ -42,8 +42,9 @@ OVERRIDES: dict[str, str] = {
     # The traffic check is local in both modes and is checked in local mode already: keep it short.
     "2_horovod/horovod": "traffic_ranks = (2,)\ntraffic_mib = 16\n",
     # The fake runs one CPU process per host (2 in all), not 8 GPUs per p4d: shard over those 2,
-    # with a tiny model and few steps; the grid of measurements shrinks to N = 1, 2. Both routes run:
-    # the default (plain FSDP) and the opt-in SMP route, so that no cell goes unexecuted.
+    # with a tiny model and few steps; the grid of measurements shrinks to N = 1, 2. Every route runs:
+    # the default (plain FSDP), the DeepSpeed route (its job pip-installs DeepSpeed, already here) and the
+    # opt-in SMP route, so that no cell goes unexecuted. DeepSpeed's local rows are checked in local mode.
     # Spot jobs on the fake are reclaimed once (after their first checkpoint) and restarted from S3.
     # The local interval sweep shrinks to part 1's run (the reference and the faulted run stay: the checks
     # use them), and lab 4's resharding (2 local runs) is skipped.
@@ -59,7 +60,8 @@ OVERRIDES: dict[str, str] = {
     # curves match at a factor of 2 (mean difference 0.007, against 0.22 unshifted and 0.41 at 4).
     "3_data_parallel/job_parallelism": "lrs = (0.05, 0.1, 0.2, 0.4)\n",
     "4_model_parallel/model_parallel": (
-        'sagemaker_routes = ("fsdp", "smp")\n'
+        'sagemaker_routes = ("fsdp", "smp", "deepspeed")\n'
+        "deepspeed_stages = ()\n"
         "allow_unsupported_image = True\n"
         "smp_hybrid_shard_degree = 2\n"
         'job_model = {"layers": 2, "d-model": 64, "heads": 4, "seq-len": 32, "batch-size": 16, "steps": 40}\n'
@@ -106,6 +108,8 @@ EXPECTED_OUTPUT: dict[str, tuple[str, ...]] = {
         "pytorch:2.13-cu133-amzn2023-sagemaker", "plain PyTorch applies the same SMP settings",
         "[infra] cost: at most $1.41 = 2 x ml.g5.xlarge",  # the default route: a few dollars at most
         "WARNING: The SageMaker model-parallel (SMP v2) image",  # the opt-in route says what it is
+        # the DeepSpeed route: its job installs DeepSpeed when it starts, then trains ZeRO-3
+        "the 'deepspeed' route's job installs 4_model_parallel/code/requirements-deepspeed.txt", "deepspeed Completed",
         # "Where the time goes": the local FSDP and DDP profiles run in both modes, and their check passed
         "collectives on the model per step, the planner's", "profiler reports: on every rank the parts add up",
     ),

@@ -38,6 +38,7 @@ from typing import Any
 
 from workshop.errors import WorkshopError
 from workshop.labs import LABS, Lab, get_labs
+from workshop.metrics import state_lines
 from workshop.runtime.processes import Stopped, Terminated, sigterm_as_interrupt
 from workshop.runtime.progress import STALL_S
 from workshop.spec import given_as
@@ -152,8 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="sagemaker mode: run in the workshop VPC, reaching AWS through interface endpoints or a NAT gateway")
     run.add_argument("--create-role", action="store_true", help="sagemaker mode: create/reuse the workshop's execution role")
     run.add_argument("--route", default=None,
-                     help="sagemaker mode: the lab's SageMaker route (lab 4: fsdp, or smp for the SMP v2 image, opt-in); "
-                     "default: the lab's first")
+                     help="the lab's SageMaker route (lab 4: fsdp; deepspeed, DeepSpeed ZeRO, installed at the job's "
+                     "start; smp, the SMP v2 image, opt-in); default: the lab's first. Locally, a route that sets "
+                     "script flags runs with them (lab 4's deepspeed: --hp sharding=zero1|zero2|zero3|zero3_offload)")
     run.add_argument("--yes", "-y", action="store_true",
                      help="sagemaker mode: start without asking, having read the cost bound (default: ask on a "
                           "terminal, refuse elsewhere; WORKSHOP_CONFIRM_COST=1 confirms too)")
@@ -269,8 +271,6 @@ def _run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
     if args.mode == "local":
         if args.dry_run:
             raise WorkshopError("--dry-run applies to --mode sagemaker.", "drop --dry-run, or add --mode sagemaker.")
-        if args.route is not None:
-            raise WorkshopError("--route applies to --mode sagemaker.", "drop --route, or add --mode sagemaker.")
         if args.spot or args.max_wait is not None:
             raise WorkshopError("--spot and --max-wait apply to --mode sagemaker: the local cluster has no spot "
                                 "instances (kill a rank with --fault to see a recovery).",
@@ -279,11 +279,13 @@ def _run_one(lab: Lab, args: argparse.Namespace, hps: dict[str, Any]):
             lab, hosts=args.hosts, procs_per_host=args.procs_per_host, hyperparameters=hps,
             data_dir=local_data_dir(lab, args), checkpoint_dir=args.checkpoint_dir,
             runs_dir=Path(args.workdir) / "runs" if args.workdir else None, max_restarts=args.max_restarts,
-            verbose=args.verbose, stall_s=args.stall_after,
+            verbose=args.verbose, stall_s=args.stall_after, route=args.route,
         )
         recovery = recovery_line(result.records)
         if recovery:
             print(recovery, flush=True)
+        for line in state_lines(result.records):  # lab 4's per-rank accounting, against its theory
+            print(line, flush=True)
         return result
     if args.checkpoint_dir:
         raise WorkshopError(
@@ -397,6 +399,10 @@ def run_many(labs: list[Lab], args: argparse.Namespace, hps: dict[str, Any]) -> 
             f"{args.lab!r} is {len(labs)} labs; in sagemaker mode run one job at a time.",
             "name one: " + ", ".join(lab.key for lab in labs) + ".",
         )
+    if args.route is not None and len(labs) > 1:
+        raise WorkshopError(f"--route {args.route} names one lab's route, and {args.lab!r} is {len(labs)} labs.",
+                            "run the lab whose route it is on its own, e.g. `python -m workshop run model_parallel "
+                            f"--route {args.route}`, or drop --route.")
     # Labs whose local runs need what the set-up still builds in the background (lab 2's Horovod)
     # run last, each once it is ready: the others need not wait for it.
     pending = {lab.key: lab.launcher.local_setup_pending() for lab in labs} if args.mode == "local" else {}

@@ -102,6 +102,23 @@ def last(records: list[dict[str, Any]], key: str, rank: int | None = 0) -> Any:
     return None
 
 
+def state_lines(records: list[dict[str, Any]]) -> list[str]:
+    """One line per rank for the records that account for what a rank holds (`state_bytes`, `ideal_state_bytes`,
+    as lab 4's script prints them): its parameters, gradients and optimizer state in bytes, against the theory
+    for its sharding (the ideal share of the full state), and its step time. [] when no record has them."""
+    rows = sorted((r for r in records if "state_bytes" in r and "ideal_state_bytes" in r), key=lambda r: r.get("rank", 0))
+    lines = []
+    for r in rows:
+        ratio = r["state_bytes"] / r["ideal_state_bytes"] if r["ideal_state_bytes"] else math.nan
+        parts = ", ".join(f"{kind} {r[key]:,}" + (f" (theory {r['theory_' + key]:,})" if "theory_" + key in r else "")
+                          for kind, key in (("parameters", "param_bytes"), ("gradients", "grad_bytes"),
+                                            ("optimizer", "optim_bytes")) if key in r)
+        step = f"; {r['step_time_s'] * 1e3:.1f} ms per step" if "step_time_s" in r else ""
+        lines.append(f"rank {r.get('rank', 0)} ({r.get('sharding', '?')}): holds {r['state_bytes']:,} bytes of state, "
+                     f"{ratio:.3f} x the theory's {r['ideal_state_bytes']:,} ({parts}){step}")
+    return lines
+
+
 def series(records: list[dict[str, Any]], y: str, x: str = "step") -> dict[int, tuple[list, list]]:
     """Per rank: (xs, ys) of every record that has both `x` and `y`."""
     out: dict[int, tuple[list, list]] = {}

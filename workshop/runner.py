@@ -79,10 +79,12 @@ def run_local(
     max_restarts: int = 0,
     verbose: bool = False,
     stall_s: float | None = STALL_S,
+    route: str | None = None,
 ) -> ClusterResult:
     """Run `lab` on the local cluster; every check happens before any process starts.
 
-    Hyperparameters are the lab's small local defaults updated with `hyperparameters`; the data
+    Hyperparameters are the lab's small local defaults updated with `route`'s own (a SageMaker route
+    that sets script flags, e.g. lab 4's deepspeed: `Lab.route_hyperparameters`), then `hyperparameters`; the data
     is the lab's data source, prepared in `data_dir` (default: its own folder under `data/`).
     `workdir` is this run's folder; without it the run gets a new one under `runs_dir`
     (default: the checkout's runs/). `checkpoint_dir` stands in for the job's checkpoint S3 URI:
@@ -96,9 +98,11 @@ def run_local(
     hosts = lab.local_hosts if hosts is None else hosts
     procs_per_host = lab.local_procs_per_host if procs_per_host is None else procs_per_host
     check_cluster_size(hosts, procs_per_host)
-    hps = {**lab.local_hyperparameters, **(hyperparameters or {})}
+    hps = {**lab.local_hyperparameters, **lab.route_hyperparameters(route), **(hyperparameters or {})}
     # Types first, no data needed, and before the SDK's import below: a typo is refused in a fraction of a second.
-    lab.validate_hyperparameters(hps, world_size=hosts * procs_per_host)
+    args = lab.validate_hyperparameters(hps, world_size=hosts * procs_per_host)
+    if lab.local_check is not None:  # what only this machine can tell, e.g. a framework the run needs is installed
+        lab.local_check(args)
     # The launcher's config is the SDK's: a long, silent first import. Said where someone watches (a notebook,
     # a terminal); a log (CI, a pipe) keeps its few lines.
     if echo and SDK_LAUNCHERS not in sys.modules and live_display():

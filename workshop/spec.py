@@ -109,6 +109,12 @@ class SageMakerDefaults:
     description: str = ""
     # The fix to show when this route's image is past its end of patch (None: the generic one).
     unsupported_image_fix: str | None = None
+    # The script flags this route sets, under the caller's own, in both runtimes (lab 4's deepspeed route: a ZeRO
+    # sharding); a local run given the route gets them too (`Lab.route_hyperparameters`).
+    hyperparameters: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    # A requirements file in the lab's code/ folder that the route's job installs from PyPI when it starts
+    # (`SourceCode(requirements=...)`: a framework its image lacks, e.g. DeepSpeed): the job needs the internet.
+    requirements: str | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,9 @@ class Lab:
     routes: tuple[SageMakerDefaults, ...] = ()  # other routes, chosen by name
     # The lab's own offline check of a `workshop.jobs.JobPlan` (returns it), after the launcher's.
     sagemaker_check: Callable[[Any], Any] | None = None
+    # The lab's own check of a local run's parsed hyperparameters, on this machine, before anything starts (raises
+    # WorkshopError; lab 4: DeepSpeed installed for its ZeRO shardings). `workshop.runner.run_local` calls it.
+    local_check: Callable[[Any], None] | None = None
     # The script flag whose value 0 means it writes no checkpoint (lab 4: checkpoint-every); a spot job
     # with it at 0 is refused, since an interruption would start it over. None: it always checkpoints.
     checkpoint_flag: str | None = None
@@ -199,6 +208,21 @@ class Lab:
         names = ", ".join(d.route for d in (self.sagemaker, *self.routes))
         raise WorkshopError(f"Lab {self.key!r} has no SageMaker route {route!r}; its routes: {names}.",
                             f"pass route={self.sagemaker.route!r} (the default; CLI: drop --route) or another of those.")
+
+    def route_hyperparameters(self, route: str | None = None) -> dict[str, Any]:
+        """The script flags a local run given `route` starts from (under the caller's own): the route's own. A route
+        that sets none differs from the default only on SageMaker (its image, its launcher's settings), so a local
+        run of it would be the default run: refused, with the fix. None, or the default route: none."""
+        if route is None:
+            return {}
+        defaults = self.sagemaker_route(route)  # an unknown route is refused here, with the lab's routes
+        if defaults.hyperparameters or defaults is self.sagemaker:
+            return dict(defaults.hyperparameters)
+        raise WorkshopError(
+            f"Lab {self.key!r}'s {route!r} route differs from its default only on SageMaker"
+            + (f" ({defaults.description})" if defaults.description else "") + ": locally it would be the default run.",
+            "drop route= (CLI: --route) for the local run, or run the route on SageMaker (CLI: --mode sagemaker).",
+        )
 
     def distributed_config(self, procs_per_host: int | None = None, max_restarts: int = 0) -> Any:
         """The SDK v3 `distributed=` config the local cluster runs for this lab (its launcher's);
@@ -269,6 +293,27 @@ class Lab:
                     "lists every flag with its default.",
                 ) from None
         return args
+
+
+def missing_requirements(path: Path) -> list[str]:
+    """The pins (`name==version` lines) of the requirements file `path` that this environment does not satisfy, each
+    as `name==version (not installed)` or `name==version (X installed)`; [] when all are met. Other lines (comments,
+    ranges) are not checked."""
+    from importlib import metadata
+
+    missing = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        name, sep, pinned = line.split("#")[0].strip().partition("==")
+        if not sep or not name:
+            continue
+        try:
+            installed = metadata.version(name.split("[")[0])
+        except metadata.PackageNotFoundError:
+            missing.append(f"{name}=={pinned} (not installed)")
+            continue
+        if installed != pinned:
+            missing.append(f"{name}=={pinned} ({installed} installed)")
+    return missing
 
 
 def check_max_restarts(lab: Lab, max_restarts: int) -> int:

@@ -83,15 +83,19 @@ def held_bytes(model, grads: bool = False) -> int:
     if grads:
         return sum(local_bytes(p.grad) for p in model.parameters())
     inner = model.module if hasattr(model, "module") else model
-    return sum(local_bytes(p) for p in inner.parameters())
+    # DeepSpeed ZeRO-3 keeps each parameter's shard in `ds_tensor`; the parameter itself is empty unless gathered
+    return sum(local_bytes(p) + local_bytes(getattr(p, "ds_tensor", None)) for p in inner.parameters())
 
 
 def state_measures(model, optimizer, meter: SavedTensorMeter, after_forward: int, grads: int,
                    device: torch.device | None) -> dict:
-    """The measured step's bytes, by kind; `device`: the GPU whose peak allocation to add (None: a CPU)."""
-    measured = dict(
+    """The measured step's bytes, by kind; `device`: the GPU whose peak allocation to add (None: a CPU). A DeepSpeed
+    engine's optimizer counts its own state (deepspeed_zero.py: its gradients never stay in `.grad`)."""
+    zero = getattr(optimizer, "zero_measures", None)
+    measured = zero() if zero else dict(
         param_bytes=sum(local_bytes(p) for p in model.parameters()),
-        grad_bytes=grads, optim_bytes=optimizer_state_bytes(optimizer),
+        grad_bytes=grads, optim_bytes=optimizer_state_bytes(optimizer))
+    measured.update(
         params_after_forward_bytes=after_forward,
         saved_act_bytes=meter.total, saved_act_block_bytes=meter.bytes["block"],
         saved_act_outside_bytes=meter.bytes["outside"], offloaded_bytes=meter.offloaded_bytes,
@@ -112,7 +116,8 @@ def report_memory(args: argparse.Namespace, measured: dict, step_times: list[flo
         metrics(
             rank=rank, world_size=world_size, sharding=args.sharding, shard_group=shard,
             checkpointing=int(args.activation_checkpointing), offloading=args.activation_offloading,
-            **measured, state_bytes=state, full_state_bytes=full_state, ideal_state_bytes=full_state // shard,
+            # DeepSpeed's rows bring their own full state and theory (deepspeed_zero.py: K = 12 bytes of optimizer state)
+            **{"full_state_bytes": full_state, "ideal_state_bytes": full_state // shard, **measured}, state_bytes=state,
             block_input_bytes=args.layers * (args.batch_size // world_size) * args.seq_len * args.d_model * 4,
             step_time_s=sum(timed) / len(timed),
         )

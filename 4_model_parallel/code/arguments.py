@@ -20,7 +20,9 @@ from contract import VOCAB, nonfinite_problems, str2bool
 from fault_tolerance import FAULT_ENV, fault_problems
 from step_profiler import PROFILE_WAIT, PROFILE_WARMUP
 
-SHARDINGS = ("no_shard", "optimizer", "shard_grad_op", "full_shard", "hybrid_shard")
+# DeepSpeed's ZeRO stages (deepspeed_zero.py), beside PyTorch's own shardings: the same model, data and AdamW.
+ZERO_SHARDINGS = ("zero1", "zero2", "zero3", "zero3_offload")
+SHARDINGS = ("no_shard", "optimizer", "shard_grad_op", "full_shard", "hybrid_shard", *ZERO_SHARDINGS)
 SMP_KEYS = ("hybrid_shard_degree", "sm_activation_offloading", "activation_loading_horizon",
             "fsdp_cache_flush_warnings", "allow_empty_shards", "tensor_parallel_degree",
             "context_parallel_degree", "expert_parallel_degree", "random_seed")
@@ -87,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--sharding", choices=SHARDINGS, default="full_shard",
         help="no_shard: DDP; optimizer: ZeRO-1 (ZeroRedundancyOptimizer); shard_grad_op: FSDP2, "
              "params kept gathered between forward and backward; full_shard: FSDP2, params re-sharded "
-             "after forward; hybrid_shard: FSDP2 within groups of --hybrid-shard-degree, replicated across",
+             "after forward; hybrid_shard: FSDP2 within groups of --hybrid-shard-degree, replicated across; "
+             "zero1, zero2, zero3, zero3_offload: DeepSpeed's ZeRO stages (the last with the optimizer state "
+             "offloaded to the host; needs deepspeed: code/requirements-deepspeed.txt)",
     )
     s.add_argument(
         "--hybrid-shard-degree", type=int, default=0,
@@ -250,6 +254,10 @@ def check_args(args: argparse.Namespace, world_size: int = 1, train_samples: int
                         "torch.distributed.checkpoint can save without gathering it on one rank first")
         fixes.append("checkpoint with --sharding full_shard, shard_grad_op, hybrid_shard or no_shard, or set "
                      "--checkpoint-every 0")
+    if args.checkpoint_every and args.sharding in ZERO_SHARDINGS:
+        problems.append(f"--checkpoint-every with --sharding {args.sharding}: the script's sharded checkpoints "
+                        "(torch.distributed.checkpoint) hold PyTorch's state; a DeepSpeed engine keeps its own")
+        fixes.append("checkpoint with --sharding full_shard (FSDP2: the same sharding as zero3), or set --checkpoint-every 0")
     more, fault_fixes = fault_problems(getattr(args, "fault", None) if fault is None else fault, world_size, args.steps)
     problems += more
     fixes += fault_fixes

@@ -12,15 +12,16 @@ One flag per technique (see `--help`):
   --sharding full_shard      ZeRO-3: FSDP2, parameters re-sharded after each block's forward too
   --sharding hybrid_shard    FSDP2 on a 2-D mesh: shard within groups of --hybrid-shard-degree
                              ranks, replicate across groups (SMP's hybrid_shard_degree)
+  --sharding zero1 .. zero3  DeepSpeed's ZeRO stages (deepspeed_zero.py), same model and AdamW; zero3_offload
   --activation-checkpointing keep only each block's input; recompute the block in backward
   --activation-offloading    cpu: move saved activations to host memory (needs a GPU);
                              simulate: the same hooks, copying into a separate host buffer
   --mixed-precision          bf16 where the device supports it (auto: CUDA with bf16), else fp32
 
-Every rank measures what it holds (accounting.py) and prints `METRICS` lines. gloo on CPU, nccl on
-GPUs. The lines that make it distributed carry a `DIST:` comment. The modules beside this script (its
-code/ folder ships with the job) serve other chapters: the flags and SMP settings, the SageMaker
-contract, sharded checkpoints, torchrun --max-restarts, --profile-steps.
+Every rank measures what it holds (accounting.py) and prints `METRICS` lines. gloo on CPU, nccl on GPUs. The
+lines that make it distributed carry a `DIST:` comment. The modules beside this script (its code/ folder ships
+with the job) serve other chapters: the flags and SMP settings, the SageMaker contract, sharded checkpoints,
+torchrun --max-restarts, --profile-steps, DeepSpeed's engine.
 
 Run it (from the lab folder; prepare the channels once with `python -m workshop.datasets.corpus data/corpus`):
 
@@ -71,6 +72,7 @@ from contract import (
     set_gloo_interface,
     threads_per_rank,
 )
+from deepspeed_zero import EngineOptimizer, deepspeed_engine, module_state_dict, uses_deepspeed
 from fault_tolerance import (  # noqa: F401
     Restarts,
     agreed_attempt,
@@ -123,11 +125,10 @@ def main(argv=None) -> int:
     model, shard, how = wrap_model(model, args, world_size, local_world_size, device, dtype, cuda)
     optimizer = build_optimizer(model, args, world_size)
     # DDP and ZeRO-1 run the model in autocast for bf16; FSDP2 casts via its MixedPrecisionPolicy.
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 and not how.startswith("FSDP2") else contextlib.nullcontext()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 and not how.startswith(("FSDP2", "DeepSpeed")) else contextlib.nullcontext()
 
     micro = args.batch_size // world_size
-    config = describe_run(args, world_size, backend, device, how, shard, n_params, dtype, smp, smp_library,
-                          len(train), len(test))
+    config = describe_run(args, world_size, backend, device, how, shard, n_params, dtype, smp, smp_library, len(train), len(test))
     if rank == 0:
         print_setup(config, smp_notes, dtype)
 
@@ -193,16 +194,14 @@ def main(argv=None) -> int:
     if rank == 0:
         perplexity = math.exp(test_loss) if test_loss < 700 else math.inf  # exp overflows a float past ~709.8
         metrics(rank=0, final_train_loss=last_loss, test_loss=test_loss, test_accuracy=test_acc, perplexity=perplexity)
-        print(f"final next-character test accuracy: {test_acc:.4f} (loss {test_loss:.4f}, perplexity "
-              f"{perplexity:.2f})", flush=True)
+        print(f"final next-character test accuracy: {test_acc:.4f} (loss {test_loss:.4f}, perplexity {perplexity:.2f})", flush=True)
     save_model(model, args, config, rank)
     restarts.finished()
     if distributed:
         # DIST: leave in step, so no rank tears the group down while a peer still needs it
         dist.barrier()
-        # DIST: the wrapped model and a sharded optimizer hold the process group too; release
-        # them first, so gloo is torn down here and not during interpreter exit (where its
-        # threads can abort the process: "terminate called without an active exception").
+        # DIST: the wrapped model and a sharded optimizer hold the process group too; release them first, so gloo is torn
+        # down here and not during interpreter exit (its threads can abort it: "terminate called without an active exception").
         del model, optimizer
         gc.collect()
         dist.destroy_process_group()
@@ -213,6 +212,8 @@ def wrap_model(model, args, world_size, local_world_size, device, dtype, cuda):
     """Apply the chosen sharding; returns (model, shard_group_size, description)."""
     if world_size == 1:
         return model, 1, "single process (one rank: nothing to shard or replicate)"
+    if uses_deepspeed(args):
+        return deepspeed_engine(model, args, world_size, dtype)  # DIST: DeepSpeed's ZeRO engine (deepspeed_zero.py)
     if args.sharding in FSDP_SHARDINGS:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -236,19 +237,19 @@ def wrap_model(model, args, world_size, local_world_size, device, dtype, cuda):
         return model, degree, f"FSDP2 fully_shard ({how}, reshard_after_forward={reshard})"
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    # DIST: full replica per rank; gradients all-reduced in backward. gradient_as_bucket_view:
-    # the gradients live in DDP's buckets, so they are counted once, as they are stored.
+    # DIST: full replica per rank; gradients all-reduced in backward, in DDP's buckets (gradient_as_bucket_view: counted once)
     model = DDP(model, device_ids=[device.index] if cuda else None, gradient_as_bucket_view=True)
     zero = " + ZeroRedundancyOptimizer (ZeRO-1)" if args.sharding == "optimizer" else ""
     return model, 1, "DDP (full replica per rank)" + zero
 
 
 def build_optimizer(model, args, world_size):
+    if uses_deepspeed(args) and world_size > 1:
+        return EngineOptimizer(model)  # the engine's ZeRO optimizer: torch's AdamW, the same learning rate
     if args.sharding == "optimizer" and world_size > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        # DIST: ZeRO-1: each rank keeps AdamW state for its share of the parameters only and
-        # broadcasts its updated parameters after the step
+        # DIST: ZeRO-1: each rank keeps AdamW state for its share of the parameters only, broadcasts its updated ones after the step
         return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=args.lr)
     return torch.optim.AdamW(model.parameters(), lr=args.lr)
 
@@ -318,8 +319,8 @@ def batch(data: torch.Tensor, n: int, seq_len: int, generator: torch.Generator):
 
 
 def evaluate(model, test, args, device, autocast):
-    """Loss and next-character accuracy on fixed test windows, the same on every rank: every rank scores
-    all of them (with FSDP each forward needs every rank's shards anyway)."""
+    """Loss and next-character accuracy on fixed test windows, the same on every rank: every rank scores all of them
+    (with FSDP or ZeRO-3 each forward needs every rank's shards anyway)."""
     gen = torch.Generator().manual_seed(1234)
     x, y = batch(test, args.eval_sequences, args.seq_len, gen)
     with torch.no_grad(), autocast:
@@ -332,8 +333,7 @@ def evaluate(model, test, args, device, autocast):
 def save_model(model, args, config, rank):
     """Rank 0 writes the full weights (gathered from the shards) and the configuration."""
     state = {}
-    inner = model.module if hasattr(model, "module") else model
-    for name, tensor in inner.state_dict().items():
+    for name, tensor in module_state_dict(model).items():  # a ZeRO-3 engine's gathered whole (every rank takes part)
         if hasattr(tensor, "full_tensor"):
             tensor = tensor.full_tensor()  # DIST: all-gather this parameter's shards (every rank takes part)
         if rank == 0:

@@ -226,7 +226,8 @@ def plan_job(
     instance_type, instance_count, procs_per_host = request.instance_type, request.instance_count, request.procs_per_host
     subnets, security_group_ids, max_run_s = request.subnets, request.security_group_ids, request.max_run_s
     image_uri, allow_unsupported_image = request.image_uri, request.allow_unsupported_image
-    hyperparameters = dict(hyperparameters or {})
+    # The route's own script flags first (lab 4's deepspeed route: a ZeRO sharding), under the caller's.
+    hyperparameters = {**defaults.hyperparameters, **dict(hyperparameters or {})}
     check_hyperparameters(hyperparameters)
     notes: list[str] = []
 
@@ -350,10 +351,22 @@ def plan_job(
                 "pass e.g. image_uri='123456789012.dkr.ecr.us-east-1.amazonaws.com/workshop-horovod:0.28.1'.",
             )
         notes.append(f"image: {image_uri} (yours, instead of the {framework} {version} framework image)")
+        if defaults.requirements:
+            notes.append(f"the {defaults.route!r} route's {lab.folder}/code/{defaults.requirements} is not installed "
+                         "at the job's start: your image must have those packages")
         excluded: tuple[str, ...] = ()
     else:
         notes.append(check_image_supported(framework, version, allow_unsupported_image=allow_unsupported_image,
                                            fix=defaults.unsupported_image_fix))
+        if defaults.requirements:
+            listed = lab.source_dir / defaults.requirements
+            if not listed.is_file():
+                raise WorkshopError(f"Lab {lab.key!r}'s {defaults.route!r} route installs {listed}, which is not there.",
+                                    f"add it to {lab.folder}/code/, or correct the route's requirements= in its lab.py.")
+            pins = [line.strip() for line in listed.read_text().splitlines()
+                    if line.strip() and not line.lstrip().startswith("#")]
+            notes.append(f"the {defaults.route!r} route's job installs {lab.folder}/code/{defaults.requirements} "
+                         f"({', '.join(pins)}) from PyPI when it starts, before its driver: it needs the internet")
         support = image_support(framework, version)
         excluded = support.no_gpu_families if support else ()
         if is_gpu_instance(instance_type) and family(instance_type) in excluded:
@@ -504,11 +517,23 @@ def prepare_launcher(plan: JobPlan, bucket: str, boto: Any) -> tuple[JobPlan, li
     return plan, list(steps)
 
 
+def route_requirements(plan: JobPlan) -> str | None:
+    """The requirements file (in the lab's code/ folder) the job installs at its start: its route's
+    (`SageMakerDefaults.requirements`), unless the job runs your own image, which must have them."""
+    return None if plan.custom_image else plan.sagemaker.requirements
+
+
 def internet_needs(plan: JobPlan) -> list[tuple[str, str]]:
     """(why, fix) for everything the job must fetch from the internet at run time: the
-    launcher's needs, and a `requirements.txt` in the code folder, which `sm_train.sh` installs
-    from PyPI before the driver starts."""
+    launcher's needs, the route's requirements (`route_requirements`), and a `requirements.txt`
+    in the code folder, which `sm_train.sh` installs from PyPI before the driver starts."""
     needs = list(plan.internet_needs)
+    installs = route_requirements(plan)
+    if installs:
+        needs.append((
+            f"the {plan.sagemaker.route!r} route's job installs {plan.lab.folder}/code/{installs} from PyPI when it starts",
+            "pass an image that has those packages as image_uri (the job then installs nothing)",
+        ))
     requirements = plan.lab.source_dir / "requirements.txt"
     if requirements.is_file():
         needs.append((

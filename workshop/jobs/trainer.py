@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from workshop.cloud import aws
 from workshop.errors import WorkshopError
 from workshop.jobs.common import CHECKPOINT_DIR, SOURCE_IGNORE_PATTERNS
-from workshop.jobs.plan import JobPlan, JobRequest, describe_plan, plan_job
+from workshop.jobs.plan import JobPlan, JobRequest, describe_plan, plan_job, route_requirements
 from workshop.spec import Lab
 
 if TYPE_CHECKING:
@@ -89,6 +89,7 @@ def build_from_plan(plan: JobPlan, role: str, session: Any, validate_role: bool 
                     source_dir=str(lab.source_dir),
                     entry_script=lab.entry_script,
                     ignore_patterns=SOURCE_IGNORE_PATTERNS,
+                    requirements=route_requirements(plan),  # sm_train.sh pip-installs it before the driver starts
                 ),
                 distributed=lab.launcher.sagemaker_config(plan),
                 compute=Compute(

@@ -171,7 +171,8 @@ def test_the_command_line_says_the_job_goes_on_when_ctrl_c_stopped_only_its_wait
 def test_a_poll_shows_every_status_since_the_last_one_in_order_with_the_log_lines_between(
         strict_moto_session: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """One poll that finds a job ended (its statuses and lines all new) prints them in the order they
-    happened, statuses and lines interleaved by their times."""
+    happened, statuses and lines interleaved by their times; a line logged in the millisecond a status
+    began comes before it (the host printed it before SageMaker saw the change)."""
     from datetime import UTC, datetime, timedelta
 
     import fake_aws_apis
@@ -190,7 +191,7 @@ def test_a_poll_shows_every_status_since_the_last_one_in_order_with_the_log_line
         for i, status in enumerate(("Starting", "Downloading", "Training", "Uploading", "Completed"))]
     logs.create_log_group(logGroupName=submit_module.LOG_GROUP)
     ms = int(t0.timestamp() * 1000)
-    for host, offsets in (("algo-1", (21, 35)), ("algo-2", (25,))):
+    for host, offsets in (("algo-1", (21, 35)), ("algo-2", (25, 30))):
         logs.create_log_stream(logGroupName=submit_module.LOG_GROUP, logStreamName=f"j/{host}-1")
         logs.put_log_events(logGroupName=submit_module.LOG_GROUP, logStreamName=f"j/{host}-1",
                             logEvents=[{"timestamp": ms + s * 1000, "message": f"{host} at {s} s"} for s in offsets])
@@ -198,5 +199,6 @@ def test_a_poll_shows_every_status_since_the_last_one_in_order_with_the_log_line
     assert capsys.readouterr().out.splitlines() == [
         "[sagemaker] j: Starting - starting message", "[sagemaker] j: Downloading - downloading message",
         "[sagemaker] j: Training - training message", "[algo-1] algo-1 at 21 s", "[algo-2] algo-2 at 25 s",
-        "[sagemaker] j: Uploading - uploading message", "[algo-1] algo-1 at 35 s",  # a line after Uploading began
+        "[algo-2] algo-2 at 30 s", "[sagemaker] j: Uploading - uploading message",  # logged as Uploading began
+        "[algo-1] algo-1 at 35 s",  # a line after Uploading began
         "[sagemaker] j: Completed - completed message"]

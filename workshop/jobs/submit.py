@@ -280,21 +280,23 @@ def _wait(job_name: str, boto: Any, logs: bool) -> None:
             status = description["TrainingJobStatus"]
             max_run = (description.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
             limit = f"it ends or reaches its max_run of {max_run} s" if max_run else "it ends"
-            news: list[tuple[int, int, str]] = []  # (when, 0 for a status or 1 for a log line, the line)
+            # (when, 0 for a log line or 1 for a status, the line): a line logged in the millisecond a status
+            # began was printed before SageMaker saw the change
+            news: list[tuple[int, int, str]] = []
             transitions = description.get("SecondaryStatusTransitions") or []
             for i, transition in enumerate(transitions):
                 message = transition.get("StatusMessage") or ""
                 if i < shown - 1 or (i == shown - 1 and message == shown_message):
                     continue  # shown already (the current status is shown again when its message changes)
                 when = _ms(transition.get("StartTime")) if i >= shown else int(time.time() * 1000)
-                news.append((when, 0, f"[sagemaker] {job_name}: {transition['Status']}" + (f" - {message}" if message else "")))
+                news.append((when, 1, f"[sagemaker] {job_name}: {transition['Status']}" + (f" - {message}" if message else "")))
             if transitions:
                 shown, shown_message = len(transitions), transitions[-1].get("StatusMessage") or ""
             elif status != last_status:
-                news.append((0, 0, f"[sagemaker] {job_name}: {status}"))
+                news.append((0, 1, f"[sagemaker] {job_name}: {status}"))
             last_status = status
             if tail is not None:
-                news += [(when, 1, f"[{host}] {line}") for when, host, line in tail.new_events()]
+                news += [(when, 0, f"[{host}] {line}") for when, host, line in tail.new_events()]
             for _, _, line in sorted(news, key=lambda item: (item[0], item[1])):
                 print(line, flush=True)
             if status in TERMINAL_STATUSES:

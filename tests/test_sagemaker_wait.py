@@ -12,7 +12,9 @@ polling, its log tail and its Ctrl-C were never exercised while a job ran.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,74 @@ def test_ctrl_c_while_waiting_stops_the_wait_says_the_job_goes_on_and_how_to_sto
     sm.stop_training_job(TrainingJobName=run.name)  # what the command does
     fake.wait(run.name, timeout_s=120)
     assert sm.describe_training_job(TrainingJobName=run.name)["TrainingJobStatus"] == "Stopped"
+
+
+# A process that submits a job to the fake and waits for it, as `python -m workshop run --mode sagemaker` does,
+# taking Ctrl-C (SIGINT) as a terminal's foreground job does whatever it inherited; after the interrupt it
+# says what it caught and what SageMaker says of the job then.
+_SUBMITTER = """
+import importlib, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+sys.path.insert(0, sys.argv[1])
+import boto3, fake_sagemaker
+from test_fake_lifecycle import script, trainer
+from workshop.jobs.submit import StillRunning, submit
+importlib.import_module("workshop.jobs.submit").POLL_S = 0.5
+with fake_sagemaker.FakeSageMaker(workdir=sys.argv[2] + "/fake", start_skew_s=0) as fake:
+    code = script(fake.root.parent, "import time\\nprint('training', flush=True)\\ntime.sleep(300)\\n")
+    try:
+        submit(trainer(fake, code), {})
+    except StillRunning as exc:
+        print("CAUGHT", exc, flush=True)
+        name = fake.jobs[-1].name
+        status = boto3.Session(region_name=fake.region).client("sagemaker").describe_training_job(TrainingJobName=name)
+        print("THEN", status["TrainingJobStatus"], flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_sigint_while_waiting_leaves_the_job_running_and_says_how_to_stop_it(no_aws: None, tmp_path: Path) -> None:
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    child = tmp_path / "submitter.py"
+    child.write_text(_SUBMITTER)
+    proc = subprocess.Popen([sys.executable, str(child), str(Path(__file__).parent), str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.put(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    out: list[str] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not any(line.startswith("[algo-1] training") for line in out):  # the wait shows the job training
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(out)
+            with contextlib.suppress(queue.Empty):
+                out.append(lines.get(timeout=0.5))
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=180)
+        reader.join(10)
+        while not lines.empty():
+            out.append(lines.get())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = "".join(out)
+    assert proc.returncode == 0, text
+    caught = [line for line in out if line.startswith("CAUGHT ")]
+    assert caught and "stopped waiting for job alice-life-" in caught[0], text
+    assert "it keeps running on SageMaker, and is billed, until it ends or reaches its max_run of 600 s" in caught[0]
+    assert "Stop it with: aws sagemaker stop-training-job --training-job-name alice-life-" in caught[0]
+    assert "THEN InProgress\n" in out  # the interrupt stopped the wait, not the job
 
 
 def test_ctrl_c_while_following_a_tuning_job_says_it_goes_on_and_how_to_stop_it(

@@ -1099,12 +1099,16 @@ class FakeSageMaker:
         waiting = list(enumerate(record.planned, 1))
         running: dict[str, tuple[int, threading.Thread]] = {}  # trial -> (slot, its thread)
         t0 = time.monotonic()
+        said: set[str] = set()
 
         def may_launch() -> bool:
             if tuning.hyper_parameter_tuning_job_status != "InProgress" or self._closing.is_set():
                 return False  # StopHyperParameterTuningJob, or the fake's own stop
             if max_runtime and time.monotonic() - t0 >= max_runtime:
-                _say(f"tuning job {name}: its MaxRuntimeInSeconds of {max_runtime} s has passed: no more training jobs")
+                if "runtime" not in said:
+                    said.add("runtime")
+                    _say(f"tuning job {name}: its MaxRuntimeInSeconds of {max_runtime} s has passed: no more "
+                         "training jobs")
                 return False
             # the service gives up after 5 attempts without a success
             return not (len(record.trials) >= 5 and not any(t.status == "Completed" for t in record.trials))

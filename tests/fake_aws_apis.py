@@ -775,7 +775,8 @@ def link_trial(trial: Any, tuning_job: Any) -> None:
 
 def tuning_trials(backend: Any, tuning_job: Any) -> list[Any]:
     """The training jobs a tuning job launched, oldest first."""
-    trials = [j for j in backend.training_jobs.values() if getattr(j, "tuning_job_arn", None) == tuning_job.arn]
+    # list() copies the jobs at once: the fake adds trials from another thread meanwhile
+    trials = [j for j in list(backend.training_jobs.values()) if getattr(j, "tuning_job_arn", None) == tuning_job.arn]
     return sorted(trials, key=lambda j: (j.creation_time, j.training_job_name))
 
 

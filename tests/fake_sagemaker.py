@@ -11,17 +11,23 @@ logs, downloads `model.tar.gz`, checks its metrics) has nothing to read; it mark
 CreateHyperParameterTuningJob Completed at once too, with a made-up best training job. This
 module starts moto's `mock_aws()` in the current process and makes each CreateTrainingJob
 *execute* the job it was given, on `workshop.runtime.local_cluster.LocalCluster`, from what the
-SDK uploaded, and each CreateHyperParameterTuningJob run its training jobs (6. below):
+SDK uploaded, after the call has returned, as the service does, and each
+CreateHyperParameterTuningJob run its training jobs, several at once (6. below):
 
 1. **The hook.** moto's SageMaker response handler for CreateTrainingJob
    (`moto.sagemaker.responses.SageMakerResponse.create_training_job`) is wrapped, so every
    client in the process is covered, whichever boto3 session made it (sagemaker-core makes
    its own clients from the trainer's session, or from a new `boto3.Session()`; a botocore
    event handler on one session would miss those). The wrapper reads the full request
-   (including `Environment`, which moto's backend drops), lets moto record the job, then
-   runs the job synchronously inside the call, so the job is finished by the time
-   `CreateTrainingJob` returns and `DescribeTrainingJob` says Completed, Failed or Stopped.
-   `create_hyper_parameter_tuning_job` is wrapped the same way (6.).
+   (including `Environment`, which moto's backend drops), checks it (7., 8.), lets moto record
+   the job, and returns at once, as the service does: the job runs in a thread of its own
+   (`FakeSageMaker.wait()` blocks until it ends). DescribeTrainingJob shows it `InProgress` while
+   it runs, its `SecondaryStatus` and `SecondaryStatusTransitions` moving as the service's do
+   (`Starting`, `Downloading` while the channels come from S3, `Training` while the hosts run,
+   `Uploading` while the model goes to S3; on spot `Interrupted` and again from `Starting`),
+   each change published as it happens, with `TrainingStartTime` set and `ModelArtifacts`,
+   `TrainingEndTime`, the metrics and the times coming only at the end; then `Completed`,
+   `Failed` or `Stopped`. `create_hyper_parameter_tuning_job` is wrapped the same way (6.).
 1b. **The request, as the service checks it.** Before moto records anything, the whole request is
    checked against every constraint of botocore's SageMaker service model (`validate_training_request`,
    `workshop.jobs.shapes`): required members, lengths, list and map sizes (at most 50 tags, 40 metric
@@ -102,14 +108,18 @@ SDK uploaded, and each CreateHyperParameterTuningJob run its training jobs (6. b
    unset): `tests/fake_aws_apis.py` answers `iam:SimulatePrincipalPolicy` from the role's
    policy documents, and the fake's role carries the workshop's own least-privilege policy
    (`workshop.account.role_policy`). `StopTrainingJob` exists (`fake_aws_apis`): for a job this
-   fake is running (from another thread: CreateTrainingJob blocks its caller), its hosts get
-   SIGTERM and it ends `Stopped`, its model saved as SageMaker saves it.
+   fake is running, the job says `Stopping` at once, its hosts get SIGTERM and it ends `Stopped`
+   (no other phase shown after `Stopping`), its model saved as SageMaker saves it. `stop()` stops
+   every job still running the same way, and waits for them, before it stops moto.
 5. **Logs, metrics, model out.** Each host's lines go to CloudWatch Logs group
    `/aws/sagemaker/TrainingJobs`, stream `<job>/algo-N-<epoch seconds>`, as a real job shows
    them: without the local cluster's `[host/rank]` prefix and without torchrun's
-   `[defaultN]:` tag. `FinalMetricDataList` is the last value each of the request's
-   `MetricDefinitions` regexes matched in the logs. Every host's model folder is aggregated
-   into `<S3OutputPath>/<job>/output/model.tar.gz` (the path moto reports), and every host's
+   `[defaultN]:` tag; while the job runs, each line within about half a second of its host
+   printing it (`_CloudWatchTail`: the stream appears with its host's first line), timestamped
+   when it was sent, the last lines before the job leaves `Training`. `FinalMetricDataList` is
+   the last value each of the request's `MetricDefinitions` regexes matched in the logs. Every
+   host's model folder is aggregated into `<S3OutputPath>/<job>/output/model.tar.gz` (the path
+   moto reports), and every host's
    `/opt/ml/output/data` into `output.tar.gz` beside it, as the service aggregates them. The job ends
    `Completed`; `Failed` with `FailureReason` (`AlgorithmError: ` and the driver's failure
    file, else the local cluster's report) when the run fails; `Stopped`
@@ -125,7 +135,11 @@ SDK uploaded, and each CreateHyperParameterTuningJob run its training jobs (6. b
    is refused the same way, saying so (TrainingJobDefinitions, WarmStartConfig, Autotune,
    AutoParameters, TuningJobCompletionCriteria, AlgorithmName,
    HyperParameterTuningResourceConfig; Random and Bayesian without MaxNumberOfTrainingJobs).
-   Then, inside the call, its training jobs run one after another (`tuning_trial_values`):
+   Then the call returns, the tuning job `InProgress`, and a thread of its own launches its
+   training jobs (`tuning_trial_values`), up to MaxParallelTrainingJobs at once (another starts
+   when one ends), each one's hosts pinned to its slot's share of this machine's cores
+   (`workshop.tuning.core_shares`, as a local search shares them; `JobRun.cores`) so that trials
+   at once do not crowd the same cores; `TuningRun.most_at_once` says how many ran together.
    Grid, every combination of the categorical values (the first range varying slowest); Random,
    MaxNumberOfTrainingJobs draws, each range on its ScalingType (Auto as Linear), seeded by
    RandomSeed; Bayesian and Hyperband are drawn as Random (no model of earlier results, no
@@ -147,8 +161,13 @@ SDK uploaded, and each CreateHyperParameterTuningJob run its training jobs (6. b
    objective's Type, the first of equals; no OverallBestTrainingJob, which is for warm starts),
    ConsumedResources.RuntimeInSeconds (wall clock), the end time. ResourceLimits'
    MaxRuntimeInSeconds: no training job starts after it has passed (a running one keeps its own
-   limit). `fake_aws_apis` adds ListTrainingJobsForHyperParameterTuningJob and
-   StopHyperParameterTuningJob (which stops the running trial as StopTrainingJob does, after
+   limit). Each trial's instances count against the account's quota (8.): a trial that would exceed
+   it, with the jobs already running, fails at once with `ResourceLimitExceeded: <the service's
+   words>` (a NonRetryableError), holding nothing, and its slot is filled again when a running trial
+   ends. What the service does then is not documented (the developer guide says only that every
+   concurrent trial's instances count against the quotas: it might wait instead); failing is the
+   stricter reading. `fake_aws_apis` adds ListTrainingJobsForHyperParameterTuningJob and
+   StopHyperParameterTuningJob (which stops the running trials as StopTrainingJob does, after
    which no other starts).
 7. **Managed spot training** (`EnableManagedSpotTraining`; a tuning job's definition may ask for it
    too). The request is checked first (`validate_training_request`, `_check_spot`; ValidationException,
@@ -187,6 +206,19 @@ SDK uploaded, and each CreateHyperParameterTuningJob run its training jobs (6. b
    still by that discount. `JobRun` records it all: `spot`, `interruptions`, `attempts` (each one's
    host seconds, outcome, why it was reclaimed, its checkpoint files and log streams),
    `training_time_s`, `billable_time_s`.
+8. **The account's instance quota.** Every running job, and every running trial of a tuning job,
+   holds its ResourceConfig's instances against the quota for its instance type, Service Quotas'
+   `<type> for training job usage` (`<type> for spot training job usage` for a spot job): 4 per type
+   (`FakeSageMaker(instance_quota=N)`, env FAKE_SAGEMAKER_INSTANCE_QUOTA; single quotas by name with
+   `quotas={...}`), what a new account might have for ml.g5.xlarge. A CreateTrainingJob whose
+   instances would exceed it with those already held is `ResourceLimitExceeded` ("The account-level
+   service limit '<quota>' is N Instances, with current utilization of U Instances and a request delta
+   of D Instances. Please contact AWS support to request an increase for this limit.", the service's
+   words as users have reported them), nothing recorded or run; a job gives its instances back just
+   before it says it ended. Service Quotas' ListServiceQuotas (moto lacks it) answers, for SageMaker,
+   these quotas for every training instance type (codes of the fake's own), so the workshop's preflight
+   reads what CreateTrainingJob will enforce. Not simulated: the account-wide totals ("Number of
+   instances across all training jobs"), the real defaults (often 0 for p4d/p5), other services' quotas.
 
 What it does **not** simulate: the image itself (`TrainingImage` is recorded, never pulled:
 the job runs in this Python environment, and `JobRun.image_framework` says whether the image's
@@ -195,12 +227,11 @@ never taken), IAM permissions of the job itself (the role is validated as the SD
 job's own S3 and log access is not checked against it), KMS, spot prices and real spot capacity
 (7.: interruptions come when the fake is told, and the wait for capacity is a fixed one), warm pools, retries,
 instance groups, Pipe mode, sharded or manifest channels, `SourceCode.command`, uncompressed
-model output, CloudWatch metrics (only the final values in DescribeTrainingJob), the
-InProgress phase (the job, or the tuning job, has ended before its Create call returns; a
-caller sees InProgress only from another thread), tuning jobs' trials at once
-(MaxParallelTrainingJobs is validated and reported, but trials never overlap: the simulated
-hosts share this machine's cores), Bayesian and Hyperband search, early stopping, and prices
-(billing is reported in seconds only, 7.).
+model output, CloudWatch metrics (only the final values in DescribeTrainingJob), how long the
+real phases last (a simulated host starts in seconds, an instance in minutes; the fake's
+`Starting` and `Downloading` are short), CloudWatch's delivery delay, Bayesian and Hyperband
+search, early stopping, and prices (billing is reported in seconds only, 7.). Trials at once share
+this machine's cores (each its share), where SageMaker's have instances of their own.
 Nothing leaves this process's AWS calls: moto intercepts every one of them. tests/README.md has
 the whole list of what CI proves and what it does not.
 """
@@ -257,6 +288,12 @@ DEFAULT_MAX_RUNTIME_S = 24 * 3600  # StoppingCondition.MaxRuntimeInSeconds when 
 SPOT_NOT_CHECKPOINTS = ("*.tmp", "*.tempstate*", "progress.json", "fault.json", ".workshop.lock")
 SPOT_NOT_CHECKPOINT_FOLDERS = ("*.partial", "*_temp")
 FAILURE_REASON_MAX = 1024  # DescribeTrainingJob's FailureReason is at most 1024 characters
+# The account's instance quota for training jobs, per instance type (Service Quotas' "<type> for training
+# job usage", and "<type> for spot training job usage" for managed spot jobs): what a new account might
+# have for ml.g5.xlarge. `FakeSageMaker(instance_quota=N, quotas={quota name: value})` changes it.
+INSTANCE_QUOTA_ENV = "FAKE_SAGEMAKER_INSTANCE_QUOTA"
+DEFAULT_INSTANCE_QUOTA = 4
+_LOG_POLL_S = 0.5  # how often a running job's new log lines go to CloudWatch
 _LOG_BATCH = 1000  # events per PutLogEvents call (CloudWatch allows 10,000 and 1 MB)
 _TESTS_DIR = Path(__file__).resolve().parent  # the hosts import this module from here (the toolkit)
 # Framework training images (repository -> framework), and the toolkit module each image names in
@@ -324,19 +361,25 @@ class JobRun:
     # ran, every attempt; on demand: the training time). No spot discount is modelled.
     training_time_s: int | None = None
     billable_time_s: int | None = None
+    instance_type: str = ""
+    # When it started and ended (epoch seconds, this machine's clock): jobs that overlap ran at once.
+    started_at: float = 0.0
+    ended_at: float | None = None
+    cores: list[int] = field(default_factory=list)  # a tuning job's trial: the cores its slot had ([]: all)
 
 
 @dataclass
 class TuningRun:
-    """What the fake did with one CreateHyperParameterTuningJob: its trials, one after another."""
+    """What the fake did with one CreateHyperParameterTuningJob: its trials, up to MaxParallelTrainingJobs at once."""
 
     name: str
     strategy: str = ""
     strategy_run: str = ""  # how the trials were chosen here ("Grid", "Random"; Bayesian/Hyperband: "Random")
     objective: dict[str, str] = field(default_factory=dict)  # {"Type": ..., "MetricName": ...}
-    max_parallel: int = 0  # MaxParallelTrainingJobs: validated and reported; trials never overlap here
+    max_parallel: int = 0  # MaxParallelTrainingJobs: at most this many trials run at once
     planned: list[dict[str, str]] = field(default_factory=list)  # each trial's tuned values, in order
-    trials: list[JobRun] = field(default_factory=list)  # the trials that ran, in order
+    trials: list[JobRun] = field(default_factory=list)  # the trials it launched, in launch order
+    most_at_once: int = 0  # the most trials that were running at the same time
     status: str = "InProgress"
     failure_reason: str | None = None
     best_training_job: str | None = None
@@ -401,6 +444,144 @@ class _Launch:
     prepare_host: Any = None  # lays out each host's sandbox before it starts (LocalCluster's prepare_host)
 
 
+class _Lifecycle:
+    """A running job's status as DescribeTrainingJob shows it: TrainingJobStatus, SecondaryStatus and
+    SecondaryStatusTransitions, published on moto's job object at every change (a new list each time:
+    another thread may be describing the job meanwhile). Once a stop is under way (StopTrainingJob, the
+    fake's own stop, a time limit) the phases its run still passes through are not shown: the job says
+    Stopping until it has stopped, as the service does."""
+
+    def __init__(self, job: Any):
+        self.job = job
+        self.transitions: list[dict[str, Any]] = []
+        self.stopping = False
+        self._lock = threading.Lock()
+
+    def phase(self, status: str, message: str) -> None:
+        """The job is InProgress, in secondary status `status`."""
+        with self._lock:
+            if not self.stopping:
+                self._append(status, message)
+                self._publish("InProgress", status)
+
+    def stop(self, message: str = "Stopping the training job") -> None:
+        """The job is Stopping (once: a second stop changes nothing)."""
+        with self._lock:
+            if not self.stopping:
+                self.stopping = True
+                self._append("Stopping", message)
+                self._publish("Stopping", "Stopping")
+
+    def end(self, status: str, secondary: str, message: str) -> None:
+        """The job has ended: Completed, Failed or Stopped (secondary: the same, or why it stopped)."""
+        with self._lock:
+            self._append(secondary, message, ended=True)
+            self._publish(status, secondary)
+
+    def _append(self, status: str, message: str, ended: bool = False) -> None:
+        now = _now()
+        if self.transitions:
+            self.transitions[-1].setdefault("EndTime", now)
+        entry = {"Status": status, "StartTime": now, "StatusMessage": message}
+        if ended:
+            entry["EndTime"] = now
+        self.transitions.append(entry)
+
+    def _publish(self, status: str, secondary: str) -> None:
+        job = self.job
+        job.secondary_status_transitions = copy.deepcopy(self.transitions)
+        job.training_job_status, job.secondary_status = status, secondary
+        job.last_modified_time = _now()
+
+
+class _CloudWatchTail:
+    """A running attempt's log lines to CloudWatch as they come, as a job's hosts send them: the local
+    cluster writes every line it reads from the hosts to its `logs/cluster.log` (`[host/rank] text`, in
+    the order of `ClusterResult.lines`, with notes of its own, such as a stall's, in between); this
+    tails that file and puts each complete line of a host, without the local prefix, into its host's
+    stream `<job>/<host>-<start_epoch>` (made when the host's first line comes), timestamped when it was
+    read. `finish` sends what the file did not show (the run's last lines, or all of them where the log
+    could not be written) from the run's own list, and makes a stream for each host that wrote nothing."""
+
+    def __init__(self, boto: Any, name: str, start_epoch: int, log_path: Path, hosts: list[str]):
+        self.logs = boto.client("logs")
+        self.name, self.start_epoch, self.log_path, self.hosts = name, start_epoch, log_path, hosts
+        self.sent = 0  # lines of the run taken so far (from the file, then from its list)
+        self.per_host: dict[str, list[str]] = {}
+        self.ordered: list[str] = []
+        self.streams: dict[str, str] = {}
+        self._pending: dict[str, list[str]] = {}
+        self._offset = 0
+        self._last_ms: dict[str, int] = {}
+        with contextlib.suppress(self.logs.exceptions.ResourceAlreadyExistsException):
+            self.logs.create_log_group(logGroupName=LOG_GROUP)
+
+    def follow(self, done: threading.Event) -> None:
+        """Until `done`: the new lines every _LOG_POLL_S seconds."""
+        while not done.wait(_LOG_POLL_S):
+            self.poll()
+
+    def poll(self) -> None:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self._offset)
+                data = log.read()
+        except OSError:
+            return  # not there yet
+        from workshop.metrics import CLUSTER_PREFIX
+
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for raw in complete.decode("utf-8", errors="replace").splitlines():
+            match = CLUSTER_PREFIX.match(raw)
+            if match and match["host"] in self.hosts:  # a host's line, not the local cluster's own note
+                self._take(raw)
+        self._flush()
+
+    def finish(self, lines: list[str]) -> list[str]:
+        """The rest of the run's `lines`; returns the attempt's stream names."""
+        self.poll()
+        for line in lines[self.sent :]:
+            self._take(line)
+        self._flush()
+        for host in self.hosts:
+            self.per_host.setdefault(host, [])
+            self._stream(host)
+        return sorted(self.streams.values())
+
+    def _take(self, line: str) -> None:
+        from workshop.metrics import CLUSTER_PREFIX
+
+        self.sent += 1
+        match = CLUSTER_PREFIX.match(line)
+        host = match["host"] if match else self.hosts[0]
+        text = line[match.end() :] if match else line
+        self.per_host.setdefault(host, []).append(text)
+        self.ordered.append(text)
+        if text.strip():
+            self._pending.setdefault(host, []).append(text)
+
+    def _stream(self, host: str) -> str:
+        if host not in self.streams:
+            stream = f"{self.name}/{host}-{self.start_epoch}"
+            self.logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
+            self.streams[host] = stream
+        return self.streams[host]
+
+    def _flush(self) -> None:
+        for host, texts in sorted(self._pending.items()):
+            if not texts:
+                continue
+            stream = self._stream(host)
+            now_ms = max(int(time.time() * 1000), self._last_ms.get(host, 0))
+            self._last_ms[host] = now_ms
+            events = [{"timestamp": now_ms, "message": text} for text in texts]
+            for i in range(0, len(events), _LOG_BATCH):
+                self.logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream,
+                                         logEvents=events[i : i + _LOG_BATCH])
+        self._pending = {}
+
+
 def safe_deserialize(value: Any) -> Any:
     """What the SDK's drivers do to each hyperparameter (`container_drivers/common/utils.py`):
     JSON-decode a string when it parses, else keep it."""
@@ -428,7 +609,13 @@ class FakeSageMaker:
 
     `workdir`: where jobs run (default: a temporary folder, deleted by `stop()` unless
     `keep_runs`). `region`: the fake's region. The role it creates is `role_arn`, also exported
-    as `WORKSHOP_ROLE_ARN`; `jobs` lists what it ran.
+    as `WORKSHOP_ROLE_ARN`; `jobs` lists what it ran (and runs: each job runs in a thread of its own,
+    as on SageMaker the Create call returns at once; `wait()` blocks until jobs end).
+
+    `instance_quota`: the account's quota of instances per instance type for training jobs (default:
+    env FAKE_SAGEMAKER_INSTANCE_QUOTA, else 4), on demand and spot each; `quotas` sets single quotas by
+    their Service Quotas name (`{"ml.g5.xlarge for training job usage": 2}`). Both are attributes, read
+    when a job or trial asks for instances.
 
     `spot_interruptions`: how many times each managed spot training job is interrupted (default:
     env FAKE_SAGEMAKER_SPOT_INTERRUPTIONS, else 0); `spot_checkpoint_wait_s`: how long an attempt
@@ -441,8 +628,14 @@ class FakeSageMaker:
 
     def __init__(self, region: str = REGION, *, workdir: str | os.PathLike[str] | None = None, keep_runs: bool = False,
                  start_skew_s: float | None = None, spot_interruptions: int | None = None,
-                 spot_checkpoint_wait_s: float | None = None, spot_restart_wait_s: float | None = None):
+                 spot_checkpoint_wait_s: float | None = None, spot_restart_wait_s: float | None = None,
+                 instance_quota: int | None = None, quotas: dict[str, float] | None = None):
         self.region = region
+        self.instance_quota = int(os.environ.get(INSTANCE_QUOTA_ENV) or DEFAULT_INSTANCE_QUOTA
+                                  if instance_quota is None else instance_quota)
+        self.quotas = dict(quotas or {})
+        if self.instance_quota < 0 or any(v < 0 for v in self.quotas.values()):
+            raise ValueError(f"instance quotas must be 0 or more; got {self.instance_quota} and {self.quotas}.")
         self.spot_interruptions = int(os.environ.get(SPOT_INTERRUPTIONS_ENV) or 0
                                       if spot_interruptions is None else spot_interruptions)
         self.spot_checkpoint_wait_s = float(os.environ.get(SPOT_CHECKPOINT_WAIT_ENV) or DEFAULT_SPOT_CHECKPOINT_WAIT_S
@@ -465,9 +658,13 @@ class FakeSageMaker:
         self.tuning_jobs: list[TuningRun] = []
         self._mock: Any = None
         self._saved_env: dict[str, str | None] = {}
-        self._original_handlers: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self._original_handlers: dict[tuple[type, str], Any] = {}  # (class, method) -> moto's own (_MISSING: none)
+        self._lock = threading.Lock()  # the registries below, and the quota's count
         self._stop_requests: dict[str, threading.Event] = {}  # running job -> set by StopTrainingJob
+        self._lifecycles: dict[str, _Lifecycle] = {}  # running job -> its status as described
+        self._threads: dict[str, threading.Thread] = {}  # job or tuning job -> the thread that runs it
+        self._in_use: dict[str, tuple[str, int]] = {}  # running job -> (quota name, instances it holds)
+        self._closing = threading.Event()  # stop(): no job or trial starts any more
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -545,9 +742,21 @@ class FakeSageMaker:
         return role["Role"]["Arn"]
 
     def stop(self) -> None:
+        """Stop every job and tuning job still running (as StopTrainingJob stops one: its hosts get
+        SIGTERM), wait for them to end, then undo everything `start` did."""
         global _ACTIVE
         if _ACTIVE is not self:
             return
+        self._closing.set()  # no trial starts any more
+        with self._lock:
+            running = list(self._stop_requests)
+        for name in running:
+            self._stop_hook(name)
+        deadline = time.monotonic() + 300
+        for name, thread in list(self._threads.items()):
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                _say(f"{name} is still running 300 s after it was stopped; leaving it")
         _ACTIVE = None
         self._remove_hook()
         with contextlib.suppress(Exception):
@@ -566,6 +775,55 @@ class FakeSageMaker:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+    def wait(self, name: str | None = None, timeout_s: float = 900.0) -> JobRun | TuningRun | None:
+        """Block until the training job or tuning job `name` has ended (default: every job and tuning
+        job this fake runs, those started meanwhile too), and return its record (None for all).
+        TimeoutError after `timeout_s` seconds, naming what still runs."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                threads = [(n, t) for n, t in self._threads.items() if name is None or n == name]
+            if name is not None and not threads:
+                raise KeyError(f"fake_sagemaker runs no job or tuning job named {name!r}.")
+            alive = [(n, t) for n, t in threads if t.is_alive()]
+            if not alive:
+                break
+            for _, thread in alive:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            if time.monotonic() >= deadline and any(t.is_alive() for _, t in alive):
+                raise TimeoutError(f"still running after {timeout_s:g} s: "
+                                   f"{', '.join(n for n, t in alive if t.is_alive())}")
+        if name is None:
+            return None
+        found = [r for r in [*self.jobs, *self.tuning_jobs] if r.name == name]
+        return found[-1] if found else None
+
+    def quota(self, instance_type: str, spot: bool = False) -> tuple[str, int]:
+        """(the quota's Service Quotas name, its value) for `instance_type` training instances."""
+        from workshop.cloud.quotas import training_quota
+
+        quota = training_quota(instance_type, spot)
+        return quota, int(self.quotas.get(quota, self.instance_quota))
+
+    def _reserve(self, name: str, resource: dict[str, Any], spot: bool) -> str | None:
+        """Count job `name`'s instances against the account's quota, as the service does when it
+        starts a job; None, or (nothing counted) the service's words for a job over the quota (users'
+        reports of CreateTrainingJob's ResourceLimitExceeded)."""
+        instance_type, count = resource.get("InstanceType") or "", int(resource.get("InstanceCount") or 0)
+        quota, value = self.quota(instance_type, spot)
+        with self._lock:
+            used = sum(n for q, n in self._in_use.values() if q == quota)
+            if used + count > value:
+                return (f"The account-level service limit '{quota}' is {value} Instances, with current utilization "
+                        f"of {used} Instances and a request delta of {count} Instances. Please contact AWS support "
+                        "to request an increase for this limit.")
+            self._in_use[name] = (quota, count)
+        return None
+
+    def _release(self, name: str) -> None:
+        with self._lock:
+            self._in_use.pop(name, None)
 
     def summary(self) -> list[dict[str, Any]]:
         """The jobs run so far, as plain data."""
@@ -608,9 +866,18 @@ class FakeSageMaker:
             request = {key: copy.deepcopy(response._get_param(key)) for key in keys}
             # The whole request (moto's parse of it), as the service answers: a ValidationException, nothing recorded.
             validate_training_request(copy.deepcopy(response.params))
-            result = original(response)
-            job = response.sagemaker_backend.training_jobs[request["TrainingJobName"]]
-            fake._execute(job, request, response.region)
+            name = request["TrainingJobName"]
+            refused = fake._reserve(name, request.get("ResourceConfig") or {},
+                                    bool(request.get("EnableManagedSpotTraining")))
+            if refused:  # over the account's instance quota, with the jobs already running: nothing recorded
+                raise _resource_limit_exceeded(refused)
+            try:
+                result = original(response)
+                job = response.sagemaker_backend.training_jobs[name]
+                fake._start_job(job, request, response.region)  # the job runs on; the call returns at once
+            except BaseException:
+                fake._release(name)
+                raise
             return result
 
         original_tuning = SageMakerResponse.__dict__["create_hyper_parameter_tuning_job"]
@@ -621,87 +888,154 @@ class FakeSageMaker:
             request = {key: copy.deepcopy(response._get_param(key)) for key in keys}
             validate_tuning_request(request)  # ValidationException, as the service answers: nothing recorded
             result = original_tuning(response)
-            fake._run_tuning(response.sagemaker_backend, request, response.region)
+            fake._start_tuning(response.sagemaker_backend, request, response.region)  # returns at once too
             return result
 
-        self._original_handlers = {"create_training_job": original,
-                                   "create_hyper_parameter_tuning_job": original_tuning}
-        SageMakerResponse.create_training_job = create_training_job
-        SageMakerResponse.create_hyper_parameter_tuning_job = create_hyper_parameter_tuning_job
+        def list_service_quotas(response: Any) -> str:
+            """Service Quotas' ListServiceQuotas (moto lacks it) for SageMaker: the quotas this fake
+            enforces, so the workshop's preflight reads what CreateTrainingJob will hold it to."""
+            params = json.loads(response.body or "{}")
+            if params.get("ServiceCode") != "sagemaker":
+                raise NotImplementedError("fake_sagemaker lists SageMaker's training instance quotas only.")
+            quotas = fake.service_quotas(response.current_account, response.region)
+            start, size = int(params.get("NextToken") or 0), int(params.get("MaxResults") or 100)
+            page: dict[str, Any] = {"Quotas": quotas[start : start + size]}
+            if start + size < len(quotas):
+                page["NextToken"] = str(start + size)
+            return json.dumps(page)
+
+        from moto.servicequotas.responses import ServiceQuotasResponse
+
+        for cls, method, handler in (
+            (SageMakerResponse, "create_training_job", create_training_job),
+            (SageMakerResponse, "create_hyper_parameter_tuning_job", create_hyper_parameter_tuning_job),
+            (ServiceQuotasResponse, "list_service_quotas", list_service_quotas),
+        ):
+            self._original_handlers[(cls, method)] = cls.__dict__.get(method, _MISSING)
+            setattr(cls, method, handler)
 
     def _remove_hook(self) -> None:
-        if self._original_handlers:
-            from moto.sagemaker.responses import SageMakerResponse
+        for (cls, method), handler in self._original_handlers.items():
+            if handler is _MISSING:
+                delattr(cls, method)
+            else:
+                setattr(cls, method, handler)
+        self._original_handlers = {}
 
-            for name, handler in self._original_handlers.items():
-                setattr(SageMakerResponse, name, handler)
-            self._original_handlers = {}
+    def service_quotas(self, account: str = "123456789012", region: str = REGION) -> list[dict[str, Any]]:
+        """Every training instance type's quotas (on demand and spot) as ListServiceQuotas lists them
+        (the types: botocore's TrainingInstanceType; the codes: the fake's own, `L-` and 8 hex digits)."""
+        import hashlib
+
+        import botocore.session
+
+        model = botocore.session.get_session().get_service_model("sagemaker")
+        out = []
+        for instance_type in model.shape_for("TrainingInstanceType").enum:
+            for spot in (False, True):
+                name, value = self.quota(instance_type, spot)
+                code = "L-" + hashlib.sha1(name.encode()).hexdigest()[:8].upper()
+                out.append({"ServiceCode": "sagemaker", "ServiceName": "Amazon SageMaker", "QuotaCode": code,
+                            "QuotaArn": f"arn:aws:servicequotas:{region}:{account}:sagemaker/{code}",
+                            "QuotaName": name, "Value": float(value), "Unit": "None", "Adjustable": True,
+                            "GlobalQuota": False})
+        return out
 
     def _stop_hook(self, name: str) -> bool | None:
         """fake_aws_apis.on_stop: StopTrainingJob (or StopHyperParameterTuningJob) for a job this fake
-        is running. Its hosts get SIGTERM (as SageMaker sends the algorithm SIGTERM) and the job
-        ends Stopped, its model saved if it wrote one; True tells fake_aws_apis the stop is under way."""
-        event = self._stop_requests.get(name)
+        is running. The job says Stopping at once, its hosts get SIGTERM (as SageMaker sends the
+        algorithm SIGTERM) and it ends Stopped, its model saved if it wrote one; True tells
+        fake_aws_apis the stop is under way."""
+        with self._lock:
+            event, life = self._stop_requests.get(name), self._lifecycles.get(name)
         if event is None:
             return None  # not running here: fake_aws_apis marks it Stopped
+        if life is not None:
+            life.stop()
         event.set()
         return True
 
     # ------------------------------------------------------------------ one job
 
-    def _execute(self, job: Any, request: dict[str, Any], region: str, *, tuning_job: str | None = None) -> JobRun:
-        """Run one training job (a CreateTrainingJob, or a tuning job's trial) to its end and record
-        the outcome on moto's job object."""
-        import boto3
-
+    def _start_job(self, job: Any, request: dict[str, Any], region: str, *, tuning_job: str | None = None,
+                   cores: list[int] | None = None, backend: Any = None) -> tuple[JobRun, threading.Thread]:
+        """Start one training job (a CreateTrainingJob, or a tuning job's trial) in a thread of its own:
+        moto's job says InProgress (Starting) before this returns; the thread runs it to its end and
+        records the outcome on moto's job. Its instances are counted already (`_reserve`); `cores`: the
+        cores its hosts may use (a tuning job's slot), else this process's; `backend`: moto's, where a
+        trial's job goes once its fields are set (CreateTrainingJob's is there already)."""
         name = request["TrainingJobName"]
-        run = JobRun(name=name, workdir=str(self.root / name), tuning_job=tuning_job)
-        self.jobs.append(run)
-        stop = self._stop_requests[name] = threading.Event()
-        boto = boto3.Session(region_name=region)
-        started = _now()
-        transitions = [{"Status": "Starting", "StartTime": started, "StatusMessage": "Launching the simulated hosts"}]
-        # What moto made up is replaced by what the request said.
+        resource = request.get("ResourceConfig") or {}
+        run = JobRun(name=name, workdir=str(self.root / name), tuning_job=tuning_job,
+                     instance_type=resource.get("InstanceType") or "", started_at=time.time(), cores=list(cores or []))
+        life = _Lifecycle(job)
+        # Every field the run sets later exists from now on (moto describes a job from its __dict__,
+        # which another thread may be reading meanwhile); what moto made up is replaced by what the
+        # request said, or by nothing yet.
         job.algorithm_specification["MetricDefinitions"] = copy.deepcopy(
             (request.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
         )
         job.environment = copy.deepcopy(request.get("Environment") or None)
-        job.training_job_status, job.secondary_status = "InProgress", "Starting"
         job.final_metric_data_list = []
         job.failure_reason = None
+        job.model_artifacts = None  # until the model is uploaded
+        job.training_start_time, job.training_end_time = _now(), None
+        job.training_time_in_seconds = job.billable_time_in_seconds = None
+        job.tuning_job_arn = getattr(job, "tuning_job_arn", None)
+        life.phase("Starting", "Launching the simulated hosts")
+        if backend is not None:
+            backend.training_jobs[name] = job
+        stop = threading.Event()
+        thread = threading.Thread(target=self._execute, args=(job, request, region, run, stop, life),
+                                  name=f"fake-sagemaker {name}", daemon=True)
+        with self._lock:
+            self.jobs.append(run)
+            self._stop_requests[name], self._lifecycles[name], self._threads[name] = stop, life, thread
+        if self._closing.is_set():  # the fake is stopping: the job stops before it starts
+            self._stop_hook(name)
+        thread.start()
+        return run, thread
+
+    def _execute(self, job: Any, request: dict[str, Any], region: str, run: JobRun, stop: threading.Event,
+                 life: _Lifecycle) -> None:
+        """The job's thread: run it to its end (`_run`) and record the outcome on moto's job."""
+        import boto3
+
+        name = run.name
+        if run.cores and hasattr(os, "sched_setaffinity"):
+            # This thread's cores, which its hosts inherit (the local cluster pins each host to its
+            # share of them): trials that run at once do not all land on the first cores.
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, run.cores)
         status, secondary, reason = "Failed", "Failed", None
         t0 = time.monotonic()
         try:
-            with self._lock:  # one job at a time: the simulated hosts share this machine's cores
-                try:
-                    if stop.is_set():
-                        raise _JobError("")  # stopped before it started: ends Stopped below
-                    status, secondary, reason = self._run(job, request, run, boto, transitions, stop)
-                except _JobError as exc:
-                    reason = exc.reason
-                except KeyboardInterrupt:
-                    status, secondary, reason = "Stopped", "Stopped", "Interrupted while the fake ran the job."
-                    self._finish(job, run, started, transitions, status, secondary, reason, t0)
-                    raise
-                except Exception as exc:  # a bug in the fake: say so, as a failed job
-                    traceback.print_exc()
-                    reason = f"InternalServerError: fake_sagemaker failed to run the job: {type(exc).__name__}: {exc}"
-                if stop.is_set():  # StopTrainingJob: whatever the run made of its SIGTERM
-                    transitions[-1].setdefault("EndTime", _now())
-                    transitions.append({"Status": "Stopping", "StartTime": _now(), "StatusMessage": "Stopping the training job"})
-                    status, secondary, reason = "Stopped", "Stopped", None
-            self._finish(job, run, started, transitions, status, secondary, reason, t0)
+            try:
+                if stop.is_set():
+                    raise _JobError("")  # stopped before it started: ends Stopped below
+                boto = boto3.Session(region_name=region)
+                status, secondary, reason = self._run(job, request, run, boto, life, stop)
+            except _JobError as exc:
+                reason = exc.reason
+            except Exception as exc:  # a bug in the fake: say so, as a failed job
+                traceback.print_exc()
+                reason = f"InternalServerError: fake_sagemaker failed to run the job: {type(exc).__name__}: {exc}"
+            if stop.is_set():  # StopTrainingJob: whatever the run made of its SIGTERM
+                life.stop()
+                status, secondary, reason = "Stopped", "Stopped", None
         finally:
-            self._stop_requests.pop(name, None)
-        return run
+            self._finish(job, run, life, status, secondary, reason, t0)
+            with self._lock:
+                self._stop_requests.pop(name, None)
+                self._lifecycles.pop(name, None)
 
-    def _finish(self, job, run, started, transitions, status, secondary, reason, t0) -> None:
+    def _finish(self, job: Any, run: JobRun, life: _Lifecycle, status: str, secondary: str, reason: str | None,
+                t0: float) -> None:
+        """What DescribeTrainingJob says of the ended job: its times and outcome first, then its status
+        (a caller that sees Completed reads the rest), with its instances given back just before."""
         ended = _now()
-        transitions[-1].setdefault("EndTime", ended)
-        transitions.append({"Status": secondary, "StartTime": ended, "StatusMessage": reason or f"Training job {status.lower()}"})
-        job.training_job_status, job.secondary_status = status, secondary
-        job.secondary_status_transitions = transitions
-        job.training_start_time, job.training_end_time, job.last_modified_time = started, ended, ended
+        started = job.training_start_time
+        job.training_end_time = ended
         job.training_time_in_seconds = max(1, int((ended - started).total_seconds()))
         # BillableTimeInSeconds: on demand, the training time; on spot, the seconds the hosts ran, over
         # every attempt (`_run` measured them), never above the training time (a subinterval of it, on
@@ -711,21 +1045,20 @@ class FakeSageMaker:
             billable = min(billable, int(sum(a["hosts_s"] for a in run.attempts)))
         job.billable_time_in_seconds = billable
         run.training_time_s, run.billable_time_s = job.training_time_in_seconds, billable
-        if reason:
-            job.failure_reason = reason[:FAILURE_REASON_MAX]
-        if run.model_artifact is None:
-            job.model_artifacts = None  # no model: DescribeTrainingJob leaves ModelArtifacts out
+        job.failure_reason = reason[:FAILURE_REASON_MAX] if reason else None
+        job.model_artifacts = {"S3ModelArtifacts": run.model_artifact} if run.model_artifact else None
         run.status, run.failure_reason = status, job.failure_reason
         run.wall_time_s = round(time.monotonic() - t0, 1)
+        run.ended_at = time.time()
+        self._release(run.name)  # the instances are free before the job says it ended
+        life.end(status, secondary, reason or f"Training job {status.lower()}")
         _say(f"job {run.name} {status} after {run.wall_time_s:.1f} s" + (f": {reason}" if reason else ""))
 
     # ------------------------------------------------------------------ one tuning job
 
-    def _run_tuning(self, backend: Any, request: dict[str, Any], region: str) -> TuningRun:
-        """Run a (validated) tuning job's trials, one after another, and record on moto's tuning job
-        what they gave: status, counters, best training job, runtime. See the module docstring."""
-        import fake_aws_apis
-
+    def _start_tuning(self, backend: Any, request: dict[str, Any], region: str) -> TuningRun:
+        """Start a (validated) tuning job: moto's tuning job says InProgress before this returns, and a
+        thread of its own launches its trials (`_launch_trials`). See the module docstring."""
         name = request["HyperParameterTuningJobName"]
         tuning = backend.hyper_parameter_tuning_jobs[name]
         config, definition = request["HyperParameterTuningJobConfig"], request["TrainingJobDefinition"]
@@ -735,7 +1068,6 @@ class FakeSageMaker:
         record = TuningRun(name=name, strategy=config["Strategy"], strategy_run=strategy_run,
                            objective={"Type": objective["Type"], "MetricName": objective["MetricName"]},
                            max_parallel=int(limits["MaxParallelTrainingJobs"]), planned=planned)
-        self.tuning_jobs.append(record)
         # The service adds the objective's name to every training job's hyperparameters (the
         # framework toolkits keep it out of the script's arguments).
         static = {k: str(v) for k, v in (definition.get("StaticHyperParameters") or {}).items()}
@@ -748,65 +1080,155 @@ class FakeSageMaker:
         tuning.best_training_job = tuning.OverallBestTrainingJob = None
         tuning.tuning_job_completion_details = tuning.consumed_resources = None
         tuning.failure_reason = None
-        tuning.launching = True  # StopHyperParameterTuningJob leaves the end to this method
+        tuning.launching = True  # StopHyperParameterTuningJob leaves the end to `_launch_trials`
         self._update_tuning(backend, tuning)
         _say(
             f"tuning job {name}: strategy {config['Strategy']}"
             + (f" (chosen here as {strategy_run}: no model of earlier results, no early stopping)"
                if strategy_run != config["Strategy"] else "")
             + f", {len(planned)} training job(s) {planned}, objective: {objective['Type'].lower()} "
-            f"{objective['MetricName']}; one after another (MaxParallelTrainingJobs {record.max_parallel} is not "
-            "simulated: the simulated hosts share this machine's cores)"
+            f"{objective['MetricName']}; up to {record.max_parallel} at once (MaxParallelTrainingJobs), each "
+            "counted against the account's instance quota"
         )
-        spec = definition["AlgorithmSpecification"]
-        max_runtime = limits.get("MaxRuntimeInSeconds")
+        thread = threading.Thread(target=self._launch_trials, args=(backend, tuning, record, request, region, static),
+                                  name=f"fake-sagemaker {name}", daemon=True)
+        with self._lock:
+            self.tuning_jobs.append(record)
+            self._threads[name] = thread
+        thread.start()
+        return record
+
+    def _launch_trials(self, backend: Any, tuning: Any, record: TuningRun, request: dict[str, Any], region: str,
+                       static: dict[str, str]) -> None:
+        """The tuning job's thread: its trials, up to MaxParallelTrainingJobs at once, each a job of its
+        own (`_start_job`) whose hosts get one slot's share of this machine's cores; then its outcome.
+
+        A trial whose instances would exceed the account's quota, with the jobs already running, fails
+        at once with the service's ResourceLimitExceeded words (what the service does then is not
+        documented: the developer guide says only that every concurrent trial's instances count against
+        the quotas; a failure is the stricter choice), and its slot is filled again only when a running
+        trial ends (or at once when none runs). No trial starts once the tuning job is stopped, its
+        MaxRuntimeInSeconds has passed, or 5 have failed without a success (the service gives up then)."""
+        from workshop.tuning import core_shares
+
+        name = record.name
+        max_runtime = request["HyperParameterTuningJobConfig"]["ResourceLimits"].get("MaxRuntimeInSeconds")
+        slots = max(1, min(record.max_parallel, len(record.planned)))
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        shares = core_shares(cpus, slots)
+        free = list(range(slots))
+        waiting = list(enumerate(record.planned, 1))
+        running: dict[str, tuple[int, threading.Thread]] = {}  # trial -> (slot, its thread)
         t0 = time.monotonic()
-        interrupted = False
+        said: set[str] = set()
+
+        def may_launch() -> bool:
+            if tuning.hyper_parameter_tuning_job_status != "InProgress" or self._closing.is_set():
+                return False  # StopHyperParameterTuningJob, or the fake's own stop
+            if max_runtime and time.monotonic() - t0 >= max_runtime:
+                if "runtime" not in said:
+                    said.add("runtime")
+                    _say(f"tuning job {name}: its MaxRuntimeInSeconds of {max_runtime} s has passed: no more "
+                         "training jobs")
+                return False
+            # the service gives up after 5 attempts without a success
+            return not (len(record.trials) >= 5 and not any(t.status == "Completed" for t in record.trials))
+
         try:
-            for number, values in enumerate(planned, 1):
-                if tuning.hyper_parameter_tuning_job_status != "InProgress":
-                    break  # StopHyperParameterTuningJob
-                if max_runtime and time.monotonic() - t0 >= max_runtime:
-                    _say(f"tuning job {name}: its MaxRuntimeInSeconds of {max_runtime} s has passed: no more training jobs")
+            while True:
+                while waiting and free and may_launch():
+                    number, values = waiting.pop(0)
+                    slot = free.pop(0)
+                    trial, thread = self._launch_trial(backend, tuning, record, request, region, static, number, values,
+                                                       list(shares[slot]))
+                    if thread is None:  # refused for the quota: the slot waits for a running trial to end
+                        continue
+                    running[trial] = (slot, thread)
+                    record.most_at_once = max(record.most_at_once, len(running))
+                    self._update_tuning(backend, tuning)
+                if not running:
+                    if waiting and may_launch():
+                        free = list(range(slots))  # nothing runs to end: try again now
+                        continue
                     break
-                if len(record.trials) >= 5 and not any(t.status == "Completed" for t in record.trials):
-                    break  # the service gives up after 5 attempts without a success
-                trial = f"{name}-{number:03d}-{uuid.uuid4().hex[:8]}"  # SageMaker's trial names
-                hyperparameters = {**static, **values}
-                trial_request = {
-                    "TrainingJobName": trial, "HyperParameters": dict(hyperparameters),
-                    **{key: copy.deepcopy(definition.get(key)) for key in (
-                        "AlgorithmSpecification", "InputDataConfig", "OutputDataConfig", "ResourceConfig",
-                        "StoppingCondition", "CheckpointConfig", "Environment", "VpcConfig", "EnableNetworkIsolation",
-                        "EnableManagedSpotTraining")},
-                }
-                job = backend.create_training_job(
-                    training_job_name=trial, hyper_parameters=dict(hyperparameters),
-                    algorithm_specification=copy.deepcopy(spec), role_arn=definition["RoleArn"],
-                    input_data_config=copy.deepcopy(definition.get("InputDataConfig")),
-                    output_data_config=copy.deepcopy(definition["OutputDataConfig"]),
-                    resource_config=copy.deepcopy(definition["ResourceConfig"]),
-                    vpc_config=copy.deepcopy(definition.get("VpcConfig")),
-                    stopping_condition=copy.deepcopy(definition.get("StoppingCondition")),
-                    tags=copy.deepcopy(request.get("Tags")) or [],  # the tuning job's tags go to its training jobs
-                    enable_network_isolation=bool(definition.get("EnableNetworkIsolation")),
-                    enable_inter_container_traffic_encryption=bool(definition.get("EnableInterContainerTrafficEncryption")),
-                    enable_managed_spot_training=bool(definition.get("EnableManagedSpotTraining")),
-                    checkpoint_config=copy.deepcopy(definition.get("CheckpointConfig")),
-                    debug_hook_config=None, debug_rule_configurations=None, tensor_board_output_config=None,
-                    experiment_config=None,
-                )
-                fake_aws_apis.link_trial(job, tuning)
-                self._update_tuning(backend, tuning)
-                record.trials.append(self._execute(job, trial_request, region, tuning_job=name))
-                self._update_tuning(backend, tuning)
-        except KeyboardInterrupt:
-            interrupted = True
-            raise
+                # until one of the running trials ends
+                first = next(iter(running.values()))[1]
+                first.join(0.5)
+                for trial, (_, thread) in list(running.items()):
+                    if not thread.is_alive():
+                        del running[trial]
+                        free = sorted(set(range(slots)) - {s for s, _ in running.values()})
+                        self._update_tuning(backend, tuning)
         finally:
             tuning.launching = False
-            self._finish_tuning(backend, tuning, record, t0, stopped=interrupted)
-        return record
+            self._finish_tuning(backend, tuning, record, t0, stopped=self._closing.is_set())
+
+    def _launch_trial(self, backend: Any, tuning: Any, record: TuningRun, request: dict[str, Any], region: str,
+                      static: dict[str, str], number: int, values: dict[str, str],
+                      cores: list[int]) -> tuple[str, threading.Thread | None]:
+        """One trial: a real training job named `<tuning job>-<NNN>-<8 hex>`, created in moto's backend
+        (its fields set before it is there to describe) and started, or failed at once when its instances
+        would exceed the quota (no thread then)."""
+        import fake_aws_apis
+        from moto.sagemaker.models import FakeTrainingJob
+
+        definition = request["TrainingJobDefinition"]
+        trial = f"{record.name}-{number:03d}-{uuid.uuid4().hex[:8]}"  # SageMaker's trial names
+        hyperparameters = {**static, **values}
+        trial_request = {
+            "TrainingJobName": trial, "HyperParameters": dict(hyperparameters),
+            **{key: copy.deepcopy(definition.get(key)) for key in (
+                "AlgorithmSpecification", "InputDataConfig", "OutputDataConfig", "ResourceConfig",
+                "StoppingCondition", "CheckpointConfig", "Environment", "VpcConfig", "EnableNetworkIsolation",
+                "EnableManagedSpotTraining")},
+        }
+        job = FakeTrainingJob(
+            account_id=backend.account_id, region_name=backend.region_name,
+            training_job_name=trial, hyper_parameters=dict(hyperparameters),
+            algorithm_specification=copy.deepcopy(definition["AlgorithmSpecification"]), role_arn=definition["RoleArn"],
+            input_data_config=copy.deepcopy(definition.get("InputDataConfig")),
+            output_data_config=copy.deepcopy(definition["OutputDataConfig"]),
+            resource_config=copy.deepcopy(definition["ResourceConfig"]),
+            vpc_config=copy.deepcopy(definition.get("VpcConfig")),
+            stopping_condition=copy.deepcopy(definition.get("StoppingCondition")),
+            tags=copy.deepcopy(request.get("Tags")) or [],  # the tuning job's tags go to its training jobs
+            enable_network_isolation=bool(definition.get("EnableNetworkIsolation")),
+            enable_inter_container_traffic_encryption=bool(definition.get("EnableInterContainerTrafficEncryption")),
+            enable_managed_spot_training=bool(definition.get("EnableManagedSpotTraining")),
+            checkpoint_config=copy.deepcopy(definition.get("CheckpointConfig")),
+            debug_hook_config=None, debug_rule_configurations=None, tensor_board_output_config=None,
+            experiment_config=None,
+        )
+        fake_aws_apis.link_trial(job, tuning)
+        refused = self._reserve(trial, definition["ResourceConfig"], bool(definition.get("EnableManagedSpotTraining")))
+        if refused:
+            reason = f"ResourceLimitExceeded: {refused}"
+            run = JobRun(name=trial, status="Failed", failure_reason=reason, tuning_job=record.name,
+                         instance_type=definition["ResourceConfig"].get("InstanceType") or "", started_at=time.time(),
+                         ended_at=time.time(),
+                         hyperparameters={k: safe_deserialize(v) for k, v in hyperparameters.items()})
+            job.algorithm_specification["MetricDefinitions"] = copy.deepcopy(
+                definition["AlgorithmSpecification"].get("MetricDefinitions") or [])
+            job.final_metric_data_list, job.model_artifacts, job.failure_reason = [], None, reason
+            job.training_start_time = job.training_end_time = _now()
+            life = _Lifecycle(job)
+            life.end("Failed", "Failed", reason)
+            backend.training_jobs[trial] = job
+            with self._lock:
+                self.jobs.append(run)
+                record.trials.append(run)
+            _say(f"tuning job {record.name}: training job {trial} failed: {reason}")
+            self._update_tuning(backend, tuning)
+            return trial, None
+        try:
+            run, thread = self._start_job(job, trial_request, region, tuning_job=record.name, cores=cores,
+                                          backend=backend)
+        except BaseException:
+            self._release(trial)
+            raise
+        with self._lock:
+            record.trials.append(run)
+        return trial, thread
 
     @staticmethod
     def _update_tuning(backend: Any, tuning: Any) -> list[dict[str, Any]]:
@@ -867,7 +1289,7 @@ class FakeSageMaker:
                 f"{best['FinalHyperParameterTuningJobObjectiveMetric']['Value']:g}" if best else "")
              + (f": {reason}" if reason else ""))
 
-    def _run(self, job: Any, request: dict[str, Any], run: JobRun, boto: Any, transitions: list,
+    def _run(self, job: Any, request: dict[str, Any], run: JobRun, boto: Any, life: _Lifecycle,
              stop: threading.Event) -> tuple[str, str, str | None]:
         name = run.name
         workdir = Path(run.workdir)
@@ -954,12 +1376,10 @@ class FakeSageMaker:
                 if timeout is not None and timeout <= 0:
                     out_of_time = binding
                     break
-                transitions[-1]["EndTime"] = _now()
-                transitions.append({"Status": "Starting", "StartTime": _now(),
-                                    "StatusMessage": "Launching the simulated hosts again, after the spot interruption"})
+                life.phase("Starting", "Launching the simulated hosts again, after the spot interruption")
             reclaim_after = self.spot_checkpoint_wait_s if run.interruptions < planned else None
             attempt = self._attempt(number, workdir if number == 1 else workdir / f"attempt-{number}", request, run,
-                                    boto, transitions, stop, hosts=hosts, channels=channels, command=command,
+                                    boto, life, stop, hosts=hosts, channels=channels, command=command,
                                     toolkit=toolkit, timeout_s=timeout, reclaim_after_s=reclaim_after)
             ordered += attempt.lines
             used_s += attempt.result.wall_time_s
@@ -971,10 +1391,8 @@ class FakeSageMaker:
             run.interruptions += 1
             if attempt.checkpoint_dir is not None and attempt.checkpoint_dir.is_dir():
                 _sync_checkpoints(s3, attempt, checkpoint["S3Uri"])
-            transitions[-1]["EndTime"] = _now()
-            transitions.append({"Status": "Interrupted", "StartTime": _now(), "StatusMessage": (
-                f"Training job interrupted: its spot instances were reclaimed (fake_sagemaker, interruption "
-                f"{run.interruptions} of {planned}: {attempt.record['reclaimed']})")})
+            life.phase("Interrupted", f"Training job interrupted: its spot instances were reclaimed (fake_sagemaker, "
+                                      f"interruption {run.interruptions} of {planned}: {attempt.record['reclaimed']})")
             # Waiting for spot capacity (the fake's stand-in: a fixed wait, within what is left of
             # MaxWaitTimeInSeconds); StopTrainingJob ends the wait, and the job.
             restart_wait = self.spot_restart_wait_s
@@ -1015,25 +1433,24 @@ class FakeSageMaker:
         if out_of_time == "stop":  # the hosts were gone already: nothing to upload, no model
             return "Stopped", "Stopped", None
         if out_of_time:
-            transitions[-1]["EndTime"] = _now()
-            transitions.append({"Status": "Stopping", "StartTime": _now(), "StatusMessage": "Stopping the training job"})
+            life.stop()
             if out_of_time == "wait":
                 return "Stopped", "MaxWaitTimeExceeded", f"Training job reached its MaxWaitTimeInSeconds of {max_wait} s."
             return "Stopped", "MaxRuntimeExceeded", f"Training job reached its MaxRuntimeInSeconds of {max_run} s."
 
         # --- checkpoints and the model out
         timed_out = attempt.timed_out
-        transitions[-1]["EndTime"] = _now()
         if timed_out == "wait":  # the developer guide's spot lifecycle: Training, then Stopping, MaxWaitTimeExceeded
-            transitions.append({"Status": "Stopping", "StartTime": _now(), "StatusMessage": "Stopping the training job"})
+            life.stop()
         else:
-            transitions.append({"Status": "Uploading", "StartTime": _now(), "StatusMessage": "Uploading generated training model"})
+            life.phase("Uploading", "Uploading generated training model")
         if checkpoint_dir is not None and checkpoint_dir.is_dir():
             _sync_checkpoints(s3, attempt, checkpoint["S3Uri"])
         # SageMaker saves the model of a job stopped at max runtime, or by StopTrainingJob, too: every
         # host's /opt/ml/model in one model.tar.gz, every host's /opt/ml/output/data in output.tar.gz
         if result.ok or timed_out or stop.is_set():
-            artifact = job.model_artifacts["S3ModelArtifacts"]
+            # where moto reports it, and SageMaker puts it: <S3OutputPath>/<job>/output/model.tar.gz
+            artifact = os.path.join(request["OutputDataConfig"]["S3OutputPath"], name, "output", "model.tar.gz")
             bucket, key = _split_s3(artifact)
             s3.put_object(Bucket=bucket, Key=key, Body=_tar_gz(*(h.model_dir for h in result.hosts)))
             run.model_artifact = artifact
@@ -1049,14 +1466,14 @@ class FakeSageMaker:
             return "Stopped", "MaxRuntimeExceeded", f"Training job reached its MaxRuntimeInSeconds of {max_run} s."
         return "Failed", "Failed", "AlgorithmError: " + _failure_text(result)
 
-    def _attempt(self, number: int, adir: Path, request: dict[str, Any], run: JobRun, boto: Any, transitions: list,
+    def _attempt(self, number: int, adir: Path, request: dict[str, Any], run: JobRun, boto: Any, life: _Lifecycle,
                  stop: threading.Event, *, hosts: int, channels: dict[str, str], command: list[str], toolkit: bool,
                  timeout_s: float | None, reclaim_after_s: float | None) -> _Attempt:
         """One attempt at the job, on hosts of its own in `adir` (the job's folder for the first; on spot,
         `attempt-N` for the next ones): the input channels and the checkpoints from S3, the hosts' run,
         their logs to CloudWatch (streams of its own). With `reclaim_after_s`, the spot watcher
         interrupts it once a checkpoint appears, or after that many seconds of training without one."""
-        from workshop.metrics import CLUSTER_PREFIX
+        from workshop.runtime.contract import host_names
         from workshop.runtime.local_cluster import LocalCluster, choose_runtime
 
         name = run.name
@@ -1065,8 +1482,7 @@ class FakeSageMaker:
         resource = request.get("ResourceConfig") or {}
 
         # --- S3 in
-        transitions[-1]["EndTime"] = _now()
-        transitions.append({"Status": "Downloading", "StartTime": _now(), "StatusMessage": "Downloading input data"})
+        life.phase("Downloading", "Downloading input data")
         input_dir = adir / "input"
         local_channels: dict[str, Path] = {}
         for channel_name, uri in channels.items():
@@ -1100,9 +1516,7 @@ class FakeSageMaker:
         run.image_framework = image_framework_note(spec.get("TrainingImage") or "")
 
         # --- the run
-        transitions[-1]["EndTime"] = _now()
-        transitions.append({"Status": "Training", "StartTime": _now(), "StatusMessage": "Training in progress (local cluster)"
-                            + (f", attempt {number}" if number > 1 else "")})
+        life.phase("Training", "Training in progress (local cluster)" + (f", attempt {number}" if number > 1 else ""))
         _say(
             f"job {name}" + (f" attempt {number}" if number > 1 else "")
             + f": {hosts} simulated host(s) x {launch.procs} process(es), {launch.described}, "
@@ -1116,6 +1530,8 @@ class FakeSageMaker:
         previous = [int(s.rsplit("-", 1)[1]) for a in run.attempts for s in a["log_streams"]]
         start_epoch = max([int(time.time())] + [p + 1 for p in previous])  # each attempt's streams are new ones
         reclaim, found = threading.Event(), {}
+        tail = _CloudWatchTail(boto, name, start_epoch, (adir / "hosts").resolve() / "logs" / "cluster.log",
+                               host_names(hosts))
         try:
             cluster = LocalCluster(
                 launch.source_dir, launch.entry_script, hosts=hosts, procs_per_host=launch.procs,
@@ -1125,7 +1541,8 @@ class FakeSageMaker:
                 instance_type=resource.get("InstanceType"), runtime=launch.runtime, prepare_host=launch.prepare_host,
             )
             done = threading.Event()
-            watchers = [threading.Thread(target=_stop_when_asked, args=(name, (stop, reclaim), done), daemon=True)]
+            watchers = [threading.Thread(target=_stop_when_asked, args=(name, (stop, reclaim), done), daemon=True),
+                        threading.Thread(target=tail.follow, args=(done,), daemon=True)]
             if reclaim_after_s is not None:
                 watchers.append(threading.Thread(
                     target=_reclaim_when_checkpointed, daemon=True,
@@ -1145,17 +1562,11 @@ class FakeSageMaker:
             raise _JobError(f"AlgorithmError: {exc}") from None
         run.runtime = result.runtime
 
-        # --- logs out, as SageMaker shows them: one stream per host (per attempt), no local prefixes
-        per_host: dict[str, list[str]] = {host.name: [] for host in result.hosts}
-        ordered: list[str] = []
-        for line in result.lines:
-            match = CLUSTER_PREFIX.match(line)
-            host = match["host"] if match else result.hosts[0].name
-            text = line[match.end() :] if match else line
-            per_host.setdefault(host, []).append(text)
-            ordered.append(text)
-        streams = self._put_logs(boto, name, per_host, start_epoch)
-        for host, lines in per_host.items():
+        # --- logs out, as SageMaker shows them: one stream per host (per attempt), no local prefixes; all
+        # but the last lines went while the hosts ran
+        streams = tail.finish(result.lines)
+        ordered = tail.ordered
+        for host, lines in tail.per_host.items():
             run.log_lines[host] = run.log_lines.get(host, 0) + len(lines)
 
         timed_out = result.returncode == 124 and bool(timeout_s) and "time limit" in (result.failure or "")
@@ -1324,22 +1735,6 @@ class FakeSageMaker:
         if all(routed):
             return True, f"internet (VPC subnets {', '.join(subnets)} route 0.0.0.0/0 out)"
         return False, f"only the job's hosts (VPC subnets {', '.join(subnets)} have no route to the internet)"
-
-    def _put_logs(self, boto: Any, name: str, per_host: dict[str, list[str]], start_epoch: int) -> list[str]:
-        """Each host's lines as stream `<job>/<host>-<start_epoch>`; returns the streams' names."""
-        logs = boto.client("logs")
-        with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
-            logs.create_log_group(logGroupName=LOG_GROUP)
-        base_ms = start_epoch * 1000
-        streams = []
-        for host, lines in sorted(per_host.items()):
-            stream = f"{name}/{host}-{start_epoch}"
-            logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
-            events = [{"timestamp": base_ms + i, "message": text} for i, text in enumerate(t for t in lines if t.strip())]
-            for i in range(0, len(events), _LOG_BATCH):
-                logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream, logEvents=events[i : i + _LOG_BATCH])
-            streams.append(stream)
-        return streams
 
 
 # ---------------------------------------------------------------------- helpers
@@ -1598,6 +1993,16 @@ def _constraint(value: Any, where: str, rule: str) -> Exception:
 
     return ValidationError(message=f"1 validation error detected: Value '{value}' at '{where}' failed to satisfy "
                                    f"constraint: {rule}")
+
+
+def _resource_limit_exceeded(message: str) -> Exception:
+    """CreateTrainingJob's ResourceLimitExceeded (a boto3 client sees ClientError with that code)."""
+    from moto.sagemaker.exceptions import SagemakerClientError
+
+    class ResourceLimitExceeded(SagemakerClientError):
+        code = "ResourceLimitExceeded"
+
+    return ResourceLimitExceeded(message)
 
 
 def _refusal(message: str) -> Exception:
@@ -2121,6 +2526,7 @@ def toolkit_main(argv: list[str]) -> int:
 # ---------------------------------------------------------------------- module-level switch
 
 _ACTIVE: FakeSageMaker | None = None
+_MISSING = object()  # a method moto's response class does not have
 
 
 def start(region: str = REGION, **kwargs: Any) -> FakeSageMaker:

@@ -54,8 +54,9 @@ def train(fake: Any, code: Path, *, hosts: int = 2, networking: Any = None, requ
         networking=networking, stopping_condition=StoppingCondition(max_runtime_in_seconds=600),
         hyperparameters=hyperparameters or {"epochs": 2},
     )
-    trainer.train(wait=False, logs=False)
+    trainer.train(wait=False, logs=False)  # returns at once, as on SageMaker
     name = trainer._latest_training_job.training_job_name
+    fake.wait(name)
     return boto.client("sagemaker").describe_training_job(TrainingJobName=name)
 
 

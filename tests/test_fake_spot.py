@@ -331,6 +331,7 @@ def test_a_spot_job_that_outlives_its_max_wait_is_stopped(fake: Any, tmp_path: P
     )
     trainer.train(wait=False, logs=False)
     name = trainer._latest_training_job.training_job_name
+    fake.wait(name)
     described = boto.client("sagemaker").describe_training_job(TrainingJobName=name)
     assert (described["TrainingJobStatus"], described["SecondaryStatus"]) == ("Stopped", "MaxWaitTimeExceeded")
     assert described["FailureReason"] == "Training job reached its MaxWaitTimeInSeconds of 25 s."

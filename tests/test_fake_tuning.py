@@ -1,8 +1,9 @@
 """The fake SageMaker runs hyperparameter tuning jobs as the service and the framework images do.
 
 CreateHyperParameterTuningJob is checked as the service checks it (a bad request is a
-ValidationException and nothing runs), then its trials run one after another as real training
-jobs. A tuning job has no ContainerEntrypoint, so each trial runs what a framework image runs with
+ValidationException and nothing runs), then its trials run as real training jobs, up to
+MaxParallelTrainingJobs at once (test_fake_lifecycle.py shows them side by side, and the instance
+quota). A tuning job has no ContainerEntrypoint, so each trial runs what a framework image runs with
 `sagemaker_program`: the `sagemaker-training` toolkit's plain `python <program> --key value` on
 every host. The slow tests build the request with the real SDK (`HyperparameterTuner` over a
 `ModelTrainer`) and train lab 3's script on the MNIST subset; the last one reproduces
@@ -295,11 +296,13 @@ def test_a_job_without_entrypoint_runs_the_toolkit_only_where_the_container_runt
            "ResourceConfig": {"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 1},
            "StoppingCondition": {"MaxRuntimeInSeconds": 60}}
     sm.create_training_job(TrainingJobName="bare", **job)
+    fake.wait("bare", timeout_s=120)
     failed = sm.describe_training_job(TrainingJobName="bare")
     assert failed["TrainingJobStatus"] == "Failed" and "no sagemaker_program" in failed["FailureReason"]
     monkeypatch.setattr(hostns, "available", lambda: (False, "no unprivileged user namespaces here"))
     sm.create_training_job(TrainingJobName="toolkit", HyperParameters={
         "sagemaker_program": "train.py", "sagemaker_submit_directory": "s3://bucket/sourcedir.tar.gz"}, **job)
+    fake.wait("toolkit", timeout_s=120)
     failed = sm.describe_training_job(TrainingJobName="toolkit")
     assert failed["TrainingJobStatus"] == "Failed"
     assert "framework toolkit" in failed["FailureReason"] and "no unprivileged user namespaces here" in failed["FailureReason"]
@@ -309,7 +312,6 @@ def test_a_job_without_entrypoint_runs_the_toolkit_only_where_the_container_runt
 def test_stopping_a_tuning_job_stops_its_running_trial_and_starts_no_other(fake: Any, tmp_path: Path) -> None:
     import io
     import tarfile
-    import threading
     import time
 
     import boto3
@@ -325,27 +327,19 @@ def test_stopping_a_tuning_job_stops_its_running_trial_and_starts_no_other(fake:
     s3.put_object(Bucket="bucket", Key="src/sourcedir.tar.gz", Body=archive.getvalue())
     request = tuning_request(**{"Definition.StaticHyperParameters": {
         "sagemaker_program": "train.py", "sagemaker_submit_directory": "s3://bucket/src/sourcedir.tar.gz"}})
-    errors: list[BaseException] = []
-
-    def create() -> None:
-        try:
-            _sagemaker(fake).create_hyper_parameter_tuning_job(**request)  # returns once the tuning job ended
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
     t0 = time.monotonic()
-    thread = threading.Thread(target=create)
-    thread.start()
+    sm = _sagemaker(fake)
+    sm.create_hyper_parameter_tuning_job(**request)  # returns at once, the tuning job InProgress
+    assert sm.describe_hyper_parameter_tuning_job(
+        HyperParameterTuningJobName="alice-tune-1")["HyperParameterTuningJobStatus"] == "InProgress"
     deadline = time.monotonic() + 120
     while not any("training started" in p.read_text() for p in tmp_path.glob("fake/*-001-*/hosts/logs/algo-1.log")):
-        assert thread.is_alive() and time.monotonic() < deadline, errors
+        assert time.monotonic() < deadline, fake.tuning_summary()
         time.sleep(0.2)
-    sm = _sagemaker(fake)
     sm.stop_hyper_parameter_tuning_job(HyperParameterTuningJobName="alice-tune-1")
     assert sm.describe_hyper_parameter_tuning_job(
         HyperParameterTuningJobName="alice-tune-1")["HyperParameterTuningJobStatus"] in ("Stopping", "Stopped")
-    thread.join(120)
-    assert not thread.is_alive() and not errors, errors
+    fake.wait("alice-tune-1", timeout_s=120)
     assert time.monotonic() - t0 < 120  # the trial did not sleep its 300 s
     described = sm.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName="alice-tune-1")
     assert described["HyperParameterTuningJobStatus"] == "Stopped"

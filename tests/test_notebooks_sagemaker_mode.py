@@ -6,7 +6,8 @@ environment's Python, with two cells injected:
 
 - first: start `tests/fake_sagemaker.py` in the kernel (moto in-process, with
   CreateTrainingJob running the job it was given on the local cluster: S3 in, CloudWatch logs,
-  metrics, `model.tar.gz` out; no AWS account);
+  metrics, `model.tar.gz` out; no AWS account), and make the workshop's waits poll every 2 s (its
+  jobs run after their Create call, as on SageMaker, and the workshop follows them);
 - right after the `parameters`-tagged cell: `mode = "sagemaker"` and `confirm_cost = True` (each
   notebook's own parameter, passed by its SageMaker cells: the confirmation a reader gives after
   reading the cost bound), plus `OVERRIDES` below.
@@ -157,6 +158,10 @@ def _prepare(nb: nbformat.NotebookNode, key: str) -> nbformat.NotebookNode:
         f"sys.path.insert(0, {str(TESTS)!r})\n"
         "import fake_sagemaker\n"
         "fake_sagemaker.start()\n"
+        # The fake's jobs last seconds to minutes, not the real ones' many minutes: the workshop's waits poll
+        # every 2 s, not every 15 s (POLL_S: what a room of attendees sharing one account can afford).
+        "import importlib\n"
+        "importlib.import_module('workshop.jobs.submit').POLL_S = 2.0\n"
         f"print({PYTHON_MARK!r} + sys.executable)\n",
         "injected-fake-sagemaker",
     )
@@ -229,9 +234,18 @@ def test_notebook_runs_in_sagemaker_mode(path: Path, kernel_name: str, tmp_path:
         if job.get("tuning_job"):  # a trial: the workshop followed its tuning job, and listed the trial
             assert f"tuning job {job['tuning_job']}: Completed" in text
             continue
-        # The workshop followed the job to its end and said so, with its console URL.
+        # The workshop followed the job while it ran (its secondary statuses) to its end, and said so, with
+        # its console URL.
+        assert f"[sagemaker] {name}: Training - " in text and f"[sagemaker] {name}: Completed - " in text
         assert f"[sagemaker] job {name} Completed" in text
         assert f"#/jobs/{name}" in text
+    trials: dict[str, list[dict]] = {}
+    for job in jobs:
+        if job.get("tuning_job"):
+            trials.setdefault(job["tuning_job"], []).append(job)
+    for tuning_job, its in trials.items():  # the notebooks' tuning jobs run 2 trials at once: some overlapped
+        assert len(its) < 2 or any(a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]
+                                   for i, a in enumerate(its) for b in its[i + 1 :]), (tuning_job, its)
     assert re.search(r"accuracy[^\n]*\d\.\d+", text, re.IGNORECASE), "no accuracy line in the outputs"
     # Every launch was confirmed by the notebook's own parameter, after its cost bound was printed.
     assert "cost confirmed (confirm_cost=True)" in text and text.index("cost: at most") < text.index("cost confirmed")

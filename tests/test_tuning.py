@@ -8,6 +8,7 @@ good ones, and Ctrl-C stopping every trial with nothing left running.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -363,12 +364,16 @@ def test_on_the_fake_service_each_trial_is_a_whole_distributed_job(no_aws, tmp_p
     from workshop.tuning import tune
 
     monkeypatch.setenv("WORKSHOP_USER", "alice")
+    monkeypatch.setattr(importlib.import_module("workshop.jobs.submit"), "POLL_S", 1.0)  # the waits' polls
     with fake_sagemaker.FakeSageMaker(workdir=tmp_path / "fake", start_skew_s=1.0) as fake:
         result = tune(LAB, ["lr=0.02,0.05"], mode="sagemaker", hosts=2, parallel=2, data_dir=mnist_dir, confirm_cost=True,
                       hyperparameters={"epochs": 1, "max-steps": 8, "log-interval": 2})
         out = capsys.readouterr().out
         [record] = fake.tuning_jobs
         assert record.status == "Completed" and len(record.trials) == 2
+        assert record.most_at_once == 2  # --parallel 2: both trials ran at once, 4 instances (the quota's 4)
+        for trial in record.trials:  # the workshop followed each trial to its end
+            assert re.search(rf"\[sagemaker\] training job {trial.name} \(lr=[\d.]+\): Completed, objective 0\.\d+", out)
         for trial in record.trials:
             assert trial.status == "Completed" and trial.launch == "toolkit", trial.failure_reason
             logs = host_logs(fake, trial.name)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from workshop.errors import WorkshopError
+from workshop.jobs.submit import StillRunning
 from workshop.labs import LABS, Lab, get_labs
 from workshop.metrics import state_lines
 from workshop.runtime.processes import Stopped, Terminated, sigterm_as_interrupt
@@ -524,10 +525,19 @@ def _command(args: argparse.Namespace) -> int:
     except WorkshopError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except Terminated:
-        print("Stopped by SIGTERM; every process the workshop started has been stopped.", file=sys.stderr)
+    except Terminated as exc:
+        if getattr(exc, "still_running", None):  # a wait for a SageMaker job: its line said how to stop the job
+            print("Stopped by SIGTERM: the workshop stopped waiting; the job on SageMaker goes on (above: how to "
+                  "stop it).", file=sys.stderr)
+        else:
+            print("Stopped by SIGTERM; every process the workshop started has been stopped.", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt as exc:
+        if isinstance(exc, StillRunning):  # a SageMaker job or tuning job goes on: its line says how to stop it
+            print(exc, file=sys.stderr)
+            print("Interrupted: the workshop stopped waiting; the job on SageMaker goes on (above: how to stop it).",
+                  file=sys.stderr)
+            return 130
         if isinstance(exc, Stopped):  # a local job's own line: how many processes, where its logs are
             print(exc, file=sys.stderr)
         print("Interrupted; every process the workshop started has been stopped.", file=sys.stderr)

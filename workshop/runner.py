@@ -49,6 +49,7 @@ from workshop.jobs.tuning import (
     TuningOutcome,
     build_tuner,
     describe_tuning,
+    follow_tuning,
     plan_tuning,
     staged_source,
     start_tuning,
@@ -288,7 +289,9 @@ def run_on_sagemaker(
     say(f"step 5/5: starting tuning job {tuning.name} ({tuning.n_trials} trials, at most {tuning.max_parallel} at once)"
         + ("; waiting for it to end" if wait else ""))
     with staged_source(request.lab) as staged:
-        start_tuning(build_tuner(tuning, trainer, staged), inputs, tuning.name, wait=wait)
+        start_tuning(build_tuner(tuning, trainer, staged), inputs, tuning.name, wait=False)
+    if wait:  # its staged source is uploaded: the folder goes now, not when the tuning job ends
+        follow_tuning(boto, tuning.name)
     outcome = tuning_outcome(boto, tuning.name)
     say(f"tuning job {tuning.name}: {outcome.status}" + (f"; best trial {outcome.best}" if outcome.best else ""))
     return outcome

@@ -23,10 +23,45 @@ if TYPE_CHECKING:
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 
+# How often a wait asks SageMaker and CloudWatch for news. A guided workshop's attendees share one account,
+# whose request rates are shared too (CloudWatch Logs' DescribeLogStreams: 5 per second per account and
+# region): 30 attendees polling every 15 s stay well under it.
 POLL_S = 15.0
 
 
 TERMINAL_STATUSES = ("Completed", "Failed", "Stopped")
+
+
+class StillRunning(KeyboardInterrupt):
+    """Ctrl-C (a notebook's interrupt) while the workshop waited for a SageMaker job or tuning job: the
+    wait stopped, the job did not (it runs on SageMaker, and is billed, until it ends or reaches its
+    limit). Its message is the one line that says so and how to stop it; IPython shows it in place of
+    the traceback (`_render_traceback_`), and an `except KeyboardInterrupt` still stops on it."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
+
+
+def stop_command(job_name: str, region: str, tuning: bool = False) -> str:
+    """The AWS CLI command that stops a training job (or a tuning job and its running training jobs)."""
+    if tuning:
+        return (f"aws sagemaker stop-hyper-parameter-tuning-job --hyper-parameter-tuning-job-name {job_name} "
+                f"--region {region}")
+    return f"aws sagemaker stop-training-job --training-job-name {job_name} --region {region}"
+
+
+def interrupted_wait(exc: KeyboardInterrupt, what: str, limit: str, command: str) -> KeyboardInterrupt:
+    """What a wait raises on Ctrl-C: `StillRunning` saying that `what` keeps running until `limit`, and
+    `command` stops it; on SIGTERM (`Terminated`, which the command line reports itself) the same line
+    is printed and the SIGTERM goes on."""
+    from workshop.runtime.processes import Terminated
+
+    message = f"stopped waiting for {what}; it keeps running on SageMaker, and is billed, until {limit}. Stop it with: {command}"
+    if isinstance(exc, Terminated):
+        say(message)
+        exc.still_running = message  # the command line's last line says the job goes on
+        return exc
+    return StillRunning(f"[sagemaker] {message}")
 
 
 def console_url(job_name: str, region: str) -> str:
@@ -170,6 +205,11 @@ class _LogTail:
 
     def new_lines(self) -> Iterator[tuple[str, str]]:
         """(host, message) for every event logged since the last call."""
+        for _, host, line in self.new_events():
+            yield host, line
+
+    def new_events(self) -> Iterator[tuple[int, str, str]]:
+        """(timestamp in ms, host, message) for every event logged since the last call, stream by stream."""
         for stream in self._streams():
             while True:
                 kwargs: dict[str, Any] = {"logGroupName": LOG_GROUP, "logStreamName": stream, "startFromHead": True}
@@ -178,7 +218,7 @@ class _LogTail:
                 page = self.client.get_log_events(**kwargs)
                 for event in page.get("events", []):
                     for line in event["message"].splitlines():
-                        yield _stream_host(stream), line
+                        yield int(event.get("timestamp") or 0), _stream_host(stream), line
                 token = page.get("nextForwardToken")
                 done = token == self.tokens.get(stream) or not page.get("events")
                 self.tokens[stream] = token
@@ -215,36 +255,55 @@ def _result(job_name: str, boto: Any) -> JobResult:
     )
 
 
+def _ms(when: Any) -> int:
+    return int(when.timestamp() * 1000) if hasattr(when, "timestamp") else 0
+
+
 def _wait(job_name: str, boto: Any, logs: bool) -> None:
-    """Poll the job until it ends, printing its log lines as `[algo-N] ...`.
+    """Poll the job until it ends, printing each of its secondary statuses (Starting, Downloading,
+    Training, Uploading, ... as `<job>: Training - <message>`: every one SageMaker went through, also
+    between two polls) and, with `logs`, its log lines as `[algo-N] ...`, in the order they happened.
 
     The workshop's own loop rather than the SDK's `TrainingJob.wait(logs=True)`, whose
     CloudWatch client ignores the session's region (`sagemaker/core/utils/logs.py:
     MultiLogStreamHandler` uses the default `CloudWatchLogsClient()`).
+
+    Ctrl-C stops the wait, not the job: `StillRunning` says so, and how to stop it.
     """
     client = boto.client("sagemaker")
     tail = _LogTail(job_name, boto) if logs else None
-    last = None
+    shown, shown_message, last_status = 0, None, None
+    limit = "it ends"
     try:
         while True:
             description = client.describe_training_job(TrainingJobName=job_name)
             status = description["TrainingJobStatus"]
-            secondary = description.get("SecondaryStatus")
-            if (status, secondary) != last:
-                say(f"{job_name}: {status}" + (f" ({secondary})" if secondary else ""))
-                last = (status, secondary)
+            max_run = (description.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
+            limit = f"it ends or reaches its max_run of {max_run} s" if max_run else "it ends"
+            # (when, 0 for a log line or 1 for a status, the line): a line logged in the millisecond a status
+            # began was printed before SageMaker saw the change
+            news: list[tuple[int, int, str]] = []
+            transitions = description.get("SecondaryStatusTransitions") or []
+            for i, transition in enumerate(transitions):
+                message = transition.get("StatusMessage") or ""
+                if i < shown - 1 or (i == shown - 1 and message == shown_message):
+                    continue  # shown already (the current status is shown again when its message changes)
+                when = _ms(transition.get("StartTime")) if i >= shown else int(time.time() * 1000)
+                news.append((when, 1, f"[sagemaker] {job_name}: {transition['Status']}" + (f" - {message}" if message else "")))
+            if transitions:
+                shown, shown_message = len(transitions), transitions[-1].get("StatusMessage") or ""
+            elif status != last_status:
+                news.append((0, 1, f"[sagemaker] {job_name}: {status}"))
+            last_status = status
             if tail is not None:
-                for host, line in tail.new_lines():
-                    print(f"[{host}] {line}", flush=True)
+                news += [(when, 0, f"[{host}] {line}") for when, host, line in tail.new_events()]
+            for _, _, line in sorted(news, key=lambda item: (item[0], item[1])):
+                print(line, flush=True)
             if status in TERMINAL_STATUSES:
                 return
             time.sleep(POLL_S)
-    except KeyboardInterrupt:
-        say(
-            f"stopped waiting; the job keeps running until it ends or max_run. Stop it with: "
-            f"aws sagemaker stop-training-job --training-job-name {job_name} --region {boto.region_name}"
-        )
-        raise
+    except KeyboardInterrupt as exc:
+        raise interrupted_wait(exc, f"job {job_name}", limit, stop_command(job_name, boto.region_name)) from None
 
 
 def submit(trainer: ModelTrainer, inputs: Mapping[str, str], *, wait: bool = True, logs: bool = True) -> JobResult:

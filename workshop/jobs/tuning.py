@@ -32,7 +32,7 @@ from typing import Any
 
 from workshop.cloud import aws
 from workshop.errors import WorkshopError
-from workshop.jobs.common import SOURCE_IGNORE_PATTERNS
+from workshop.jobs.common import SOURCE_IGNORE_PATTERNS, say
 from workshop.jobs.plan import JobPlan
 from workshop.search import Objective, SearchSpace
 from workshop.spec import Lab
@@ -191,15 +191,57 @@ def build_tuner(tplan: TuningPlan, trainer: Any, staged: Path) -> Any:
 
 
 def start_tuning(tuner: Any, inputs: Mapping[str, str], name: str, wait: bool) -> Any:
-    """CreateHyperParameterTuningJob; with `wait`, until the tuning job ends."""
+    """CreateHyperParameterTuningJob; with `wait`, until the tuning job ends (`follow_tuning`: the
+    workshop's own wait, which shows the trials as they start and end, rather than the SDK's, which
+    shows a spinner and raises on a Failed tuning job)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        tuner.tune(inputs=dict(inputs), job_name=name, wait=wait)
+        tuner.tune(inputs=dict(inputs), job_name=name, wait=False)
     except (BotoCoreError, ClientError) as exc:
         raise WorkshopError(f"SageMaker did not start tuning job {name}: {exc}",
                             "check the message; nothing else was created by this step.") from None
+    if wait:
+        follow_tuning(tuner.sagemaker_session.boto_session, name)
     return tuner.latest_tuning_job
+
+
+def follow_tuning(boto: Any, name: str) -> None:
+    """Poll tuning job `name` until it ends, printing its status with how many of its training jobs run,
+    and each training job's status as it changes (with its objective, or why it failed).
+
+    Ctrl-C stops the wait, not the tuning job (it goes on starting its trials): `StillRunning` says so,
+    and how to stop it and its running trials."""
+    import importlib
+
+    submit = importlib.import_module("workshop.jobs.submit")  # the module (its POLL_S, read at each poll)
+
+    sm = aws.as_boto_session(boto).client("sagemaker")
+    shown: dict[str, str] = {}  # trial -> the status shown
+    last = None
+    try:
+        while True:
+            described = sm.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName=name)
+            status = described["HyperParameterTuningJobStatus"]
+            for trial in tuning_trials(boto, name):
+                if shown.get(trial.name) == trial.status:
+                    continue
+                shown[trial.name] = trial.status
+                values = ", ".join(f"{k}={v}" for k, v in trial.hyperparameters.items())
+                say(f"training job {trial.name} ({values}): {trial.status}"
+                    + (f", objective {trial.objective:g}" if trial.objective is not None else "")
+                    + (f": {trial.failure}" if trial.failure else ""))
+            running = (described.get("TrainingJobStatusCounters") or {}).get("InProgress", 0)
+            if (status, running) != last:
+                say(f"tuning job {name}: {status}, {running} training job(s) running")
+                last = (status, running)
+            if status in submit.TERMINAL_STATUSES:
+                return
+            time.sleep(submit.POLL_S)
+    except KeyboardInterrupt as exc:
+        command = submit.stop_command(name, aws.as_boto_session(boto).region_name, tuning=True)
+        raise submit.interrupted_wait(exc, f"tuning job {name}", "it ends (it goes on starting its remaining trials)",
+                                      command) from None
 
 
 @dataclass

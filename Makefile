@@ -28,6 +28,9 @@ KERNEL_DISPLAY_NAME := Python (distributed training workshop)
 # A SageMaker notebook instance has this file (workshop/cloud/aws.py: NOTEBOOK_METADATA_FILE).
 SAGEMAKER_NOTEBOOK_METADATA := /opt/ml/metadata/resource-metadata.json
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist) for `make test` and `make test-fast`; 0 runs the tests in this process. Two
+# pay even on 2 cores: many tests wait (rendezvous, hosts started apart, timeouts) more than they compute.
+TEST_WORKERS ?= 2
 # Where torch's CPU build comes from (see the set-up below).
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
@@ -74,20 +77,21 @@ $(DEV_STAMP): requirements-dev.txt $(STAMP)
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
 	@touch $(DEV_STAMP)
 
-# Unit and multi-process tests, then every notebook top to bottom (nbval, local mode). Horovod first: from
-# a cached or shared wheel at once, or its compile started in the background (the tests that need it run
-# last and wait for it).
+# Unit and multi-process tests, and every notebook top to bottom (nbval, local mode), on $(TEST_WORKERS)
+# workers: a notebook's cells and its sagemaker-mode run are one unit, on one worker, the notebooks first
+# (tests/conftest.py: notebook_group). Horovod first: from a cached or shared wheel at once, or its compile
+# started in the background (the tests that need it wait for it).
 test: setup $(DEV_STAMP)
 	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
 	$(BIN)/python -m pytest tests $(wildcard [0-9]_*/*.ipynb) --nbval-lax --nbval-current-env \
-		--nbval-cell-timeout=900 --timeout=1800 --durations=30 $(PYTEST_ARGS)
+		--nbval-cell-timeout=900 --timeout=1800 --durations=30 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The tests that start no training process (tests marked slow and the notebooks left out); a test
 # that is not marked slow and starts training fails (the guard in tests/conftest.py). Tests that need
 # Horovod run when it is installed and are skipped, never waited for, while its build runs.
 test-fast: $(DEV_STAMP)
 	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
-	$(BIN)/python -m pytest tests -m "not slow" --timeout=300 --no-horovod-wait $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -m "not slow" --timeout=300 --no-horovod-wait -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # Registers the kernel every notebook names in its metadata (kernelspec name $(KERNEL_NAME); checked by
 # tests/test_notebook_hygiene.py), for this user, then starts JupyterLab. As root (a container, sudo)

@@ -477,27 +477,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
             if item.path.parent.name == HOROVOD_LAB_FOLDER:
                 item.add_marker(pytest.mark.horovod)
-        group = notebook_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     items[:] = sorted(items, key=lambda item: item.get_closest_marker("horovod") is not None)
 
 
-def notebook_group(item: pytest.Item) -> str | None:
-    """Under pytest-xdist (`-n 2 --dist loadgroup`), the items that must run in one
-    worker, one after another: a notebook's cells (nbval runs them in order in one kernel) together
-    with the same notebook's sagemaker-mode run, since both modes share the notebook's folders (the
-    fault-tolerance notebook clears runs/fault-tolerance at its start, which the other mode is using).
-    None for every other test: those are spread one by one. (Not yet enough for nbval's cells: in a
-    2-worker run of every test they were still spread over both workers, each cell in a fresh kernel,
-    so `make test` runs in one process.)"""
-    if str(item.path).endswith(".ipynb"):
-        return f"notebook-{item.path.parent.name}-{item.path.stem}"
-    callspec = getattr(item, "callspec", None)
-    if item.path.name == "test_notebooks_sagemaker_mode.py" and callspec is not None and "path" in callspec.params:
-        path = Path(callspec.params["path"])
-        return f"notebook-{path.parent.name}-{path.stem}"
-    return None
+_SAGEMAKER_MODE_RUN = re.compile(r"^tests/test_notebooks_sagemaker_mode\.py::[^\[]+\[([^/\]]+)/([^/\]]+)\]$")
+
+
+def notebook_group(nodeid: str) -> str | None:
+    """The work unit a test belongs to under pytest-xdist (`make test`: `-n 2 --dist loadgroup`),
+    from its node id (all the controller sees of it): a notebook's nbval cells (which must run in
+    order in one kernel) together with the same notebook's sagemaker-mode run, since both modes
+    share the notebook's folders (the fault-tolerance notebook clears runs/fault-tolerance at its
+    start, which the other mode is using). None for every other test: those are spread one by one.
+
+    By node id, not by `xdist_group` marks: pytest-xdist 3.8 groups by appending the mark's name to
+    `item._nodeid`, which pytest 9 no longer reads (its node id is `item._id`), so marked cells were
+    spread over both workers, each in a fresh kernel."""
+    path, _, _ = nodeid.partition("::")
+    if path.endswith(".ipynb"):
+        notebook = Path(path)
+        return f"notebook-{notebook.parent.name}-{notebook.stem}"
+    found = _SAGEMAKER_MODE_RUN.match(nodeid)
+    return f"notebook-{found[1]}-{found[2]}" if found else None
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own; only where xdist is loaded
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` for this suite: `notebook_group`'s units, each on one worker, the biggest
+    first (xdist's order: most tests first, so the notebooks start at once and the single tests
+    fill in around them)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class NotebookScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return notebook_group(nodeid) or nodeid
+
+    return NotebookScheduling(config, log)
 
 
 # --------------------------------------------------------------------------- Horovod: its background build

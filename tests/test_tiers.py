@@ -6,6 +6,7 @@ These tests start nothing: each launch below is refused before a process exists.
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,31 +118,53 @@ def test_notebooks_are_marked_slow_at_collection_and_horovod_runs_last() -> None
         ("tests/test_x.py", []))]
     conftest.pytest_collection_modifyitems(None, items)
     marks = {str(item.path): [m.name for m in item.marks] for item in items}
-    assert marks == {"1_parameter_server/lab.ipynb": ["slow", "xdist_group"],
-                     "2_horovod/horovod.ipynb": ["slow", "horovod", "xdist_group"],
+    assert marks == {"1_parameter_server/lab.ipynb": ["slow"],
+                     "2_horovod/horovod.ipynb": ["slow", "horovod"],
                      "tests/test_hvd.py": ["horovod"], "tests/test_x.py": []}
     # What needs Horovod runs last (its background build overlaps the rest), each group in its order.
     assert [str(item.path) for item in items] == [
         "1_parameter_server/lab.ipynb", "tests/test_x.py", "2_horovod/horovod.ipynb", "tests/test_hvd.py"]
 
 
-def test_a_notebooks_cells_and_its_sagemaker_mode_run_share_one_test_worker() -> None:
-    """Under pytest-xdist (-n 2 --dist loadgroup) nbval's cells of one notebook must run in
-    order in one kernel, and the notebook's sagemaker-mode run shares its folders: one group for all
-    of them, another for each other notebook, and none for the other tests (spread one by one)."""
-    def item(path: str, params: dict | None = None) -> _Item:
-        it = _Item(path=Path(path), marks=[])
-        if params is not None:
-            it.callspec = SimpleNamespace(params=params)
-        return it
-
+def test_a_notebooks_cells_and_its_sagemaker_mode_run_are_one_work_unit() -> None:
+    """Under pytest-xdist (`make test`: -n 2 --dist loadgroup) nbval's cells of one notebook must run
+    in order in one kernel, and the notebook's sagemaker-mode run shares its folders: one unit for all
+    of them, another for each other notebook, and none for the other tests (spread one by one). The
+    sagemaker-mode runs' node ids are the ones pytest collects here."""
+    ids = subprocess.run([PY, "-m", "pytest", "tests/test_notebooks_sagemaker_mode.py", "--collect-only", "-q",
+                          "-p", "no:cacheprovider"], cwd=conftest.REPO_ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()
+    runs = [i for i in ids if i.startswith("tests/test_notebooks_sagemaker_mode.py::") and "[" in i]
+    assert {conftest.notebook_group(i) for i in runs} == {
+        f"notebook-{p.parent.name}-{p.stem}" for p in conftest.REPO_ROOT.glob("[0-9]_*/*.ipynb")}
     ft = "3_data_parallel/fault_tolerance.ipynb"
-    items = [item(ft), item(ft), item("3_data_parallel/data_parallel.ipynb"),
-             item("tests/test_notebooks_sagemaker_mode.py", {"path": Path(ft)}),
-             item("tests/test_notebooks_sagemaker_mode.py", {"path": Path("4_model_parallel/model_parallel.ipynb")}),
-             item("tests/test_fault_tolerance.py"), item("tests/test_fault_tolerance.py", {"n": 2})]
-    conftest.pytest_collection_modifyitems(None, items)
-    groups = [next((m.args[0] for m in it.marks if m.name == "xdist_group"), None) for it in items]
-    assert groups == ["notebook-3_data_parallel-fault_tolerance"] * 2 + [
-        "notebook-3_data_parallel-data_parallel", "notebook-3_data_parallel-fault_tolerance",
-        "notebook-4_model_parallel-model_parallel", None, None]
+    assert [conftest.notebook_group(i) for i in (f"{ft}::Cell 0", f"{ft}::Cell 12",
+                                                  "3_data_parallel/data_parallel.ipynb::Cell 3")] == [
+        "notebook-3_data_parallel-fault_tolerance"] * 2 + ["notebook-3_data_parallel-data_parallel"]
+    assert conftest.notebook_group(next(i for i in runs if "fault_tolerance" in i)) \
+        == "notebook-3_data_parallel-fault_tolerance"
+    for other in ("tests/test_fault_tolerance.py::test_x", "tests/test_fault_tolerance.py::test_x[2]",
+                  "tests/test_notebooks_sagemaker_mode.py::test_kernel"):
+        assert conftest.notebook_group(other) is None
+
+
+def test_two_workers_run_a_notebooks_cells_in_order_in_one_kernel(tmp_path: Path) -> None:
+    """A real 2-worker run: each cell of the probe notebook reads the variable the one before it set,
+    so a cell run in the other worker's kernel fails (as every cell after the first did with xdist's
+    own `xdist_group` grouping under pytest 9). Other tests run beside it, on either worker."""
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(f"x{i} = {i}\nimport time; time.sleep(0.5)"
+                                                + (f"\nassert x{i - 1} == {i - 1}" if i else "")) for i in range(6)]
+    probe = tmp_path / "probe.ipynb"
+    nbformat.write(notebook, probe)
+    proc = subprocess.run([PY, "-m", "pytest", str(probe), "tests/test_tiers.py::test_training_launches_are_recognised",
+                           "--nbval-lax", "--nbval-current-env", "-n", "2", "--dist", "loadgroup", "-v",
+                           "-p", "no:cacheprovider", "--timeout=300",
+                           # node ids from / (the probe is outside the checkout), with the checkout's settings
+                           "--rootdir=/", "-c", "pyproject.toml"],
+                          cwd=conftest.REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    cells = re.findall(r"\[(gw\d)\] \[ *\d+%\] PASSED \S*probe\S*::Cell", proc.stdout)
+    assert len(cells) == 6 and len(set(cells)) == 1, proc.stdout[-3000:]

@@ -268,6 +268,8 @@ LOG_GROUP = "/aws/sagemaker/TrainingJobs"  # what workshop.jobs reads
 CONTAINER_ROOT = "/opt/ml"
 DRIVERS_IN_CONTAINER = "/opt/ml/input/data/sm_drivers/"
 RESERVED_CHANNELS = ("code", "sm_drivers")
+# In the environment of every process of one attempt of one job (see `_attempt`), and nowhere else.
+ATTEMPT_ENV = "FAKE_SAGEMAKER_ATTEMPT"
 DEFAULT_START_SKEW_S = 2.0
 # Managed spot training (7. in the module docstring): interruptions per spot job, and how long an
 # attempt may train before it is interrupted without a checkpoint.
@@ -1502,6 +1504,10 @@ class FakeSageMaker:
         dropped = [] if container else sorted(k for k, v in environment.items() if str(v).startswith(CONTAINER_ROOT))
         extra_env = {k: str(v) for k, v in environment.items() if k not in dropped}
         extra_env["TRAINING_JOB_NAME"] = name  # SageMaker's value, not the local cluster's run name
+        # What marks this attempt's processes for StopTrainingJob and the spot reclaim: job names are the
+        # SDK's base name and a timestamp to the second, so another fake (another test process) can run a
+        # job of the same name on this machine at the same time.
+        extra_env[ATTEMPT_ENV] = uuid.uuid4().hex
         checkpoint = request.get("CheckpointConfig") or {}
         checkpoint_dir, downloaded = None, []
         if checkpoint.get("S3Uri"):
@@ -1541,7 +1547,8 @@ class FakeSageMaker:
                 instance_type=resource.get("InstanceType"), runtime=launch.runtime, prepare_host=launch.prepare_host,
             )
             done = threading.Event()
-            watchers = [threading.Thread(target=_stop_when_asked, args=(name, (stop, reclaim), done), daemon=True),
+            watchers = [threading.Thread(target=_stop_when_asked, args=(extra_env[ATTEMPT_ENV], (stop, reclaim), done),
+                                        daemon=True),
                         threading.Thread(target=tail.follow, args=(done,), daemon=True)]
             if reclaim_after_s is not None:
                 watchers.append(threading.Thread(
@@ -1857,9 +1864,9 @@ def _toolkit_of(image_uri: str) -> tuple[str, str]:
     return known
 
 
-def _stop_when_asked(name: str, events: tuple[threading.Event, ...], done: threading.Event) -> None:
-    """While job `name` runs: once one of `events` is set (StopTrainingJob asks, or the spot watcher
-    reclaims the hosts), SIGTERM every process of its hosts (as SageMaker signals the algorithm),
+def _stop_when_asked(attempt: str, events: tuple[threading.Event, ...], done: threading.Event) -> None:
+    """While a job's `attempt` (its ATTEMPT_ENV) runs: once one of `events` is set (StopTrainingJob asks,
+    or the spot watcher reclaims the hosts), SIGTERM every process of its hosts (as SageMaker signals the algorithm),
     again each half second until the run has ended; the local cluster then stops what is left as
     it stops any failed run (SIGTERM to each host's process group, SIGKILL after its grace period)."""
     import psutil
@@ -1872,7 +1879,7 @@ def _stop_when_asked(name: str, events: tuple[threading.Event, ...], done: threa
         for proc in psutil.process_iter(["pid"]):
             with contextlib.suppress(psutil.Error, OSError):
                 env = proc.environ()
-                if env.get(MARKER) and env.get("TRAINING_JOB_NAME") == name and proc.pid != os.getpid():
+                if env.get(MARKER) and env.get(ATTEMPT_ENV) == attempt and proc.pid != os.getpid():
                     proc.terminate()
 
 

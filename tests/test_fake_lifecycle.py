@@ -242,6 +242,34 @@ def test_stop_training_job_stops_a_running_job(fake: Any, tmp_path: Path) -> Non
         sm.stop_training_job(TrainingJobName=name)
 
 
+@pytest.mark.slow
+def test_stopping_a_job_leaves_another_fakes_job_of_the_same_name_running(fake: Any, tmp_path: Path) -> None:
+    """Two test processes (make test's two workers) each run a fake, and job names are the SDK's base name
+    and a timestamp to the second: two tests' jobs can share a name. Stopping one must signal its own
+    hosts only. Before, the fake SIGTERMed every process of the machine carrying the local cluster's
+    marker and that TRAINING_JOB_NAME, and a job of the other worker failed with exit status 143."""
+    import os
+    import subprocess
+    import sys
+
+    from workshop.runtime.processes import MARKER
+
+    job = trainer(fake, script(tmp_path, "import time\nprint('training', flush=True)\ntime.sleep(300)\n"))
+    job.train(wait=False, logs=False)
+    name = job._latest_training_job.training_job_name
+    until("the job's first line in CloudWatch", lambda: "training" in cloudwatch(fake, name))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                             env={**os.environ, MARKER: "another-local-cluster", "TRAINING_JOB_NAME": name})
+    try:
+        _boto(fake).client("sagemaker").stop_training_job(TrainingJobName=name)
+        fake.wait(name, timeout_s=120)
+        time.sleep(1.0)  # the fake signals each half second while the stopped run ends
+        assert other.poll() is None, f"the other job's process was stopped too (exit status {other.returncode})"
+    finally:
+        other.kill()
+        other.wait()
+
+
 # --------------------------------------------------------------------------- trials at once, and the quota
 
 # Each host of each trial says it started, then waits until every host of both trials has, and until the

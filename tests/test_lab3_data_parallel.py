@@ -60,15 +60,6 @@ def test_runs_under_torchrun(tmp_path, channels):
 
 
 @pytest.mark.slow
-def test_one_host_two_processes(tmp_path, channels):
-    result = run_local(LAB, hosts=1, procs_per_host=2, hyperparameters=QUICK,
-                       workdir=tmp_path / "run", data_dir=channels["train"].parent, echo=False)
-    assert result.world_size == 2
-    assert sorted(result.per_rank("weights_sha256")) == [0, 1]
-    assert all(line.startswith("[algo-1") for line in result.lines)
-
-
-@pytest.mark.slow
 def test_resumes_from_its_checkpoint(tmp_path, channels):
     store = tmp_path / "checkpoints"  # stands in for the job's checkpoint S3 URI
     common = dict(hosts=2, procs_per_host=1, data_dir=channels["train"].parent, echo=False, checkpoint_dir=store)

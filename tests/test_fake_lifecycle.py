@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
+from conftest import tuning_request
 
 IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch:2.13-cpu-amzn2023-sagemaker"  # lab 3's image
 GROUP = "/aws/sagemaker/TrainingJobs"
@@ -310,23 +311,16 @@ def test_a_tuning_job_runs_two_trials_at_once_and_a_third_over_the_quota_is_refu
     boto.client("s3").create_bucket(Bucket="bucket")
     boto.client("s3").put_object(Bucket="bucket", Key="src/sourcedir.tar.gz", Body=archive.getvalue())
     sm = boto.client("sagemaker")
-    sm.create_hyper_parameter_tuning_job(
-        HyperParameterTuningJobName="alice-tune-at-once",
-        HyperParameterTuningJobConfig={
-            "Strategy": "Grid", "ResourceLimits": {"MaxParallelTrainingJobs": 3},
-            "HyperParameterTuningJobObjective": {"Type": "Maximize", "MetricName": "test_accuracy"},
-            "ParameterRanges": {"CategoricalParameterRanges": [{"Name": "lr", "Values": ["0.1", "0.2", "0.3"]}]},
-        },
-        TrainingJobDefinition={
-            "StaticHyperParameters": {"sagemaker_program": "train.py", "rendezvous": str(rendezvous),
-                                      "sagemaker_submit_directory": "s3://bucket/src/sourcedir.tar.gz"},
-            "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File", "MetricDefinitions": [
-                {"Name": "test_accuracy", "Regex": "test_accuracy=(\\S+)"}]},
-            "RoleArn": fake.role_arn, "OutputDataConfig": {"S3OutputPath": "s3://bucket/out"},
-            "ResourceConfig": {"InstanceType": "ml.m5.xlarge", "InstanceCount": 2, "VolumeSizeInGB": 30},
-            "StoppingCondition": {"MaxRuntimeInSeconds": 600},
-        },
-    )
+    sm.create_hyper_parameter_tuning_job(**tuning_request(**{  # Grid, Maximize test_accuracy, 600 s per trial
+        "HyperParameterTuningJobName": "alice-tune-at-once", "Limits.MaxParallelTrainingJobs": 3,
+        "Config.ParameterRanges": {"CategoricalParameterRanges": [{"Name": "lr", "Values": ["0.1", "0.2", "0.3"]}]},
+        "Definition.StaticHyperParameters": {"sagemaker_program": "train.py", "rendezvous": str(rendezvous),
+                                             "sagemaker_submit_directory": "s3://bucket/src/sourcedir.tar.gz"},
+        "Definition.AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File", "MetricDefinitions": [
+            {"Name": "test_accuracy", "Regex": "test_accuracy=(\\S+)"}]},
+        "Definition.RoleArn": fake.role_arn,
+        "Definition.ResourceConfig": {"InstanceType": "ml.m5.xlarge", "InstanceCount": 2, "VolumeSizeInGB": 30},
+    }))
     until("both trials' 4 hosts running at once", lambda: len(list(rendezvous.glob("started-*"))) == 4)
     described = sm.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName="alice-tune-at-once")
     assert described["HyperParameterTuningJobStatus"] == "InProgress"

@@ -471,7 +471,9 @@ def pytest_runtest_teardown(item: pytest.Item) -> Any:
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Notebooks (nbval's items, `*.ipynb`) run the labs: they are slow; lab 2's needs Horovod. The
-    tests that need Horovod run last (in their order), so that its background build overlaps the rest."""
+    tests that need Horovod come last (in their order), so that its background build overlaps the rest.
+    On two workers the single ones still do, but lab 2's notebook is one of the first units (the
+    scheduler below): a build still under way keeps that worker waiting while the other goes on."""
     for item in items:
         if str(item.path).endswith(".ipynb"):
             item.add_marker(pytest.mark.slow)

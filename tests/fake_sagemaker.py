@@ -1865,21 +1865,19 @@ def _toolkit_of(image_uri: str) -> tuple[str, str]:
 
 
 def _stop_when_asked(attempt: str, events: tuple[threading.Event, ...], done: threading.Event) -> None:
-    """While a job's `attempt` (its ATTEMPT_ENV) runs: once one of `events` is set (StopTrainingJob asks,
-    or the spot watcher reclaims the hosts), SIGTERM every process of its hosts (as SageMaker signals the algorithm),
-    again each half second until the run has ended; the local cluster then stops what is left as
-    it stops any failed run (SIGTERM to each host's process group, SIGKILL after its grace period)."""
+    """While a job's `attempt` runs: once one of `events` is set (StopTrainingJob asks, or the spot
+    watcher reclaims the hosts), SIGTERM every process of its hosts (as SageMaker signals the
+    algorithm), again each half second until the run has ended; the local cluster then stops what is
+    left as it stops any failed run (SIGTERM to each host's process group, SIGKILL after its grace
+    period). Its hosts' processes, and only they, carry `ATTEMPT_ENV=attempt`."""
     import psutil
-
-    from workshop.runtime.processes import MARKER
 
     while not done.wait(0.5):
         if not any(event.is_set() for event in events):
             continue
         for proc in psutil.process_iter(["pid"]):
             with contextlib.suppress(psutil.Error, OSError):
-                env = proc.environ()
-                if env.get(MARKER) and env.get(ATTEMPT_ENV) == attempt and proc.pid != os.getpid():
+                if proc.environ().get(ATTEMPT_ENV) == attempt:
                     proc.terminate()
 
 

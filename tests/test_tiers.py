@@ -168,3 +168,26 @@ def test_two_workers_run_a_notebooks_cells_in_order_in_one_kernel(tmp_path: Path
     assert proc.returncode == 0, proc.stdout[-3000:]
     cells = re.findall(r"\[(gw\d)\] \[ *\d+%\] PASSED \S*probe\S*::Cell", proc.stdout)
     assert len(cells) == 6 and len(set(cells)) == 1, proc.stdout[-3000:]
+
+
+@pytest.mark.parametrize("target", ["test", "test-fast"])
+def test_make_runs_the_tests_with_bytecode_written_once_away_from_the_sources(target: str, tmp_path: Path) -> None:
+    """`make test` and `make test-fast` run pytest with bytecode written into .venv/pycache (Makefile: TEST_ENV)
+    even where the machine sets PYTHONDONTWRITEBYTECODE: every process it starts then imports TensorFlow, the SDK,
+    ... from bytecode, and no lab's code/ folder (a job's source_dir) gains a __pycache__."""
+    import os
+    import shlex
+
+    root = Path(conftest.__file__).resolve().parent.parent
+    plan = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=root, capture_output=True, text=True,
+                          timeout=60, check=True).stdout.replace("\\\n", " ")
+    line = next(ln for ln in plan.splitlines() if " -m pytest " in ln)
+    words = shlex.split(line)
+    env = dict(w.split("=", 1) for w in words[: words.index(next(w for w in words if "=" not in w))])
+    assert env.get("PYTHONDONTWRITEBYTECODE") == "" and env.get("PYTHONPYCACHEPREFIX") == str(root / ".venv" / "pycache"), line
+    (tmp_path / "lesson.py").write_text("x = 1\n")
+    subprocess.run([PY, "-c", "import lesson"], cwd=tmp_path, check=True, timeout=60,
+                   env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **env})
+    assert not (tmp_path / "__pycache__").exists()
+    prefixed = Path(env["PYTHONPYCACHEPREFIX"] + str(tmp_path))
+    assert [p.name for p in prefixed.iterdir()] == [f"lesson.{sys.implementation.cache_tag}.pyc"]

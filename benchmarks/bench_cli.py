@@ -9,6 +9,9 @@ interpreter's best: what the workshop itself costs. The target: every one under 
 
 These answer without importing the SageMaker SDK, boto3, torch or TensorFlow (a fast test checks the
 imports: tests/test_architecture.py); before that, importing the SDK alone took 4-12 s here.
+A second table times what a command that does submit, and a notebook's first SageMaker cell, pays: the SDK's
+import, alone and through the workshop (which keeps jsonschema from building rfc3987_syntax's parser:
+workshop/__init__.py).
 Output: the table on stdout and `bench_cli.md` in `--out-dir`.
 """
 
@@ -37,6 +40,10 @@ COMMANDS = {
     "run data_parallel --hp lr=abc": ["-m", "workshop", "run", "data_parallel", "--hp", "lr=abc"],
 }
 TARGET_S = 1.0
+SDK_IMPORTS = {
+    "the SDK alone": ["-c", "from sagemaker.train import ModelTrainer"],
+    "the SDK through the workshop": ["-c", "import workshop; from sagemaker.train import ModelTrainer"],
+}
 
 
 def time_once(args: list[str]) -> float:
@@ -48,6 +55,7 @@ def time_once(args: list[str]) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=7, help="runs of each command, interleaved")
+    parser.add_argument("--sdk-repeats", type=int, default=3, help="runs of each SDK import, interleaved")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "images", help="where bench_cli.md goes")
     args = parser.parse_args(argv)
     before = load_average()
@@ -63,6 +71,15 @@ def main(argv: list[str] | None = None) -> int:
         best = min(values)
         ok = "-" if name == "python -c pass" else ("yes" if best < TARGET_S else "NO")
         lines.append(f"| `{name}` | {best:.2f} s | {statistics.median(values):.2f} s | {best - base:+.2f} s | {ok} |")
+    sdk: dict[str, list[float]] = {name: [] for name in SDK_IMPORTS}
+    for _ in range(args.sdk_repeats):
+        for name, cmd in SDK_IMPORTS.items():
+            sdk[name].append(time_once(cmd))
+    alone = min(sdk["the SDK alone"])
+    lines += ["", f"Importing the SageMaker SDK (`from sagemaker.train import ModelTrainer`), best and median of "
+              f"{args.sdk_repeats}:", "", "| import | best | median | vs alone |", "|---|---:|---:|---:|"]
+    for name, values in sdk.items():
+        lines.append(f"| {name} | {min(values):.2f} s | {statistics.median(values):.2f} s | {min(values) / alone:.2f} x |")
     text = "\n".join(lines) + "\n"
     print(text)
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -215,6 +215,23 @@ def test_the_command_line_imports_no_heavy_package_to_answer(argv):
     assert out.stdout.strip() == "[]", f"{argv}: imported {out.stdout.strip()}"
 
 
+def test_the_sdk_imported_through_the_workshop_builds_no_iri_parser():
+    """jsonschema, which the SDK imports, would import rfc3987_syntax (installed here with JupyterLab), whose
+    import builds an Earley parser with lark: 4.7 s of the SDK's 6.8 s (workshop/__init__.py)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    assert importlib.util.find_spec("rfc3987_syntax") is not None, "rfc3987_syntax is not installed: nothing to check"
+    code = ("import sys, workshop\n"
+            "from sagemaker.train import ModelTrainer\n"
+            "import jsonschema\n"
+            "print(sorted(m for m in ('lark', 'rfc3987_syntax', 'sagemaker.core.config.config') if sys.modules.get(m)))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['sagemaker.core.config.config']", out.stdout  # the SDK's config checks ran, no lark
+
+
 # ----------------------------------------------------------------------------- the labs' scripts
 
 # A lab's entry script reads top-down as its lesson (issue 26): main(), the model and the lines that make it

@@ -12,7 +12,16 @@ CONTRIBUTING.md has the layer table and walks through adding a lab. Run a lab he
 `python -m workshop run LAB`; see `python -m workshop --help`.
 """
 
+import sys
 from pathlib import Path
+
+# The SageMaker SDK imports jsonschema (to check its config file), and jsonschema imports rfc3987_syntax
+# wherever it is installed (JupyterLab's jupyter-events asks for it) to check the "iri" format: that module
+# builds an Earley parser when imported, 4.7 s of CPU out of the SDK's 6.8 s here, paid by every notebook's
+# first SageMaker cell and every command that submits a job. Nothing the SDK or the workshop validates uses
+# that format; without the module, jsonschema leaves "iri" unchecked, as it does wherever it is not installed.
+# (benchmarks/bench_cli.py times the SDK's import both ways; tests/test_architecture.py checks this.)
+sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -31,13 +31,14 @@ PYTEST_ARGS ?=
 # Test processes (pytest-xdist) for `make test` and `make test-fast`; 0 runs the tests in this process. Two
 # pay even on 2 cores: many tests wait (rendezvous, hosts started apart, timeouts) more than they compute.
 TEST_WORKERS ?= 2
-# The tests' Python bytecode. A run starts hundreds of Python processes (kernels, jobs, hosts, ranks, CLI
-# calls); where the machine sets PYTHONDONTWRITEBYTECODE (CI images often do) and the set-up installed with
-# --no-compile (below), each of them compiled TensorFlow's, the SDK's, moto's, ... modules from source again
-# (`import tensorflow`: 6.4 s of CPU, 3.8 s from bytecode). The tests write it once, into .venv/pycache
-# (PYTHONPYCACHEPREFIX: never beside a source, so no lab's code/ folder, a job's source_dir, gains a
-# __pycache__). An attendee's own runs write bytecode as Python always does.
-TEST_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
+# The tests' and the benchmarks' Python bytecode. A test run starts hundreds of Python processes (kernels,
+# jobs, hosts, ranks, CLI calls); where the machine sets PYTHONDONTWRITEBYTECODE (CI images often do) and
+# the set-up installed with --no-compile (below), each compiled TensorFlow's, the SDK's, moto's, ...
+# modules from source again (`import tensorflow`: 6.4 s of CPU, 3.8 s from bytecode). These write it once,
+# into .venv/pycache (PYTHONPYCACHEPREFIX: never beside a source, so no lab's code/ folder, a job's
+# source_dir, gains a __pycache__). An attendee's own runs write bytecode as Python does by default, and
+# the benchmarks time that.
+BYTECODE_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
 # Where torch's CPU build comes from (see the set-up below).
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
@@ -90,7 +91,7 @@ $(DEV_STAMP): requirements-dev.txt $(STAMP)
 # started in the background (the tests that need it wait for it).
 test: setup $(DEV_STAMP)
 	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
-	$(TEST_ENV) $(BIN)/python -m pytest tests $(wildcard [0-9]_*/*.ipynb) --nbval-lax --nbval-current-env \
+	$(BYTECODE_ENV) $(BIN)/python -m pytest tests $(wildcard [0-9]_*/*.ipynb) --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=900 --timeout=1800 --durations=30 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The tests that start no training process (tests marked slow and the notebooks left out); a test
@@ -98,7 +99,7 @@ test: setup $(DEV_STAMP)
 # Horovod run when it is installed and are skipped, never waited for, while its build runs.
 test-fast: $(DEV_STAMP)
 	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
-	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not slow" --timeout=300 --no-horovod-wait -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(BYTECODE_ENV) $(BIN)/python -m pytest tests -m "not slow" --timeout=300 --no-horovod-wait -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # Registers the kernel every notebook names in its metadata (kernelspec name $(KERNEL_NAME); checked by
 # tests/test_notebook_hygiene.py), for this user, then starts JupyterLab. As root (a container, sudo)
@@ -126,20 +127,20 @@ kernel: setup
 
 # bench_strategies.py runs Horovod: it waits for the set-up's background build (the others need not).
 bench: setup
-	$(BIN)/python benchmarks/bench_data_parallel.py
-	$(BIN)/python benchmarks/bench_allreduce.py
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_data_parallel.py
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_allreduce.py
 	@$(BIN)/python -m workshop.horovod_build --wait
-	$(BIN)/python benchmarks/bench_strategies.py --profile
-	$(BIN)/python benchmarks/planner_validation.py --out images/planner_validation.md
-	$(BIN)/python benchmarks/bench_runtime.py
-	$(BIN)/python benchmarks/bench_cli.py
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_strategies.py --profile
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/planner_validation.py --out images/planner_validation.md
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_runtime.py
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_cli.py
 
 bench-allreduce: setup
-	$(BIN)/python benchmarks/bench_allreduce.py
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_allreduce.py
 
 bench-strategies: setup
 	@$(BIN)/python -m workshop.horovod_build --wait
-	$(BIN)/python benchmarks/bench_strategies.py --profile
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_strategies.py --profile
 
 # Horovod is source-only and needs patches for today's frameworks: see scripts/build_horovod.sh. Builds it
 # (or waits for the background build, a line every 30 s; a failed build is retried), then checks it.

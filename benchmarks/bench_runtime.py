@@ -148,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     note = (f"\n{args.repeats} interleaved repeats per row, on {os.cpu_count()} cores; load average after: "
             f"{load_average()}. The job: join a gloo group, all-reduce one number, leave. `import torch` alone "
             "took the median time shown (measured in the same repeats): the SDK's torchrun driver pays it before "
-            "launching, on SageMaker too.")
+            "launching, on SageMaker too. "
+            + ("Python bytecode: not written (PYTHONDONTWRITEBYTECODE is set), so every process of every job compiled "
+               "its modules from source, and the simulation's cost counts that (`make bench` writes it into "
+               ".venv/pycache)." if os.environ.get("PYTHONDONTWRITEBYTECODE") else
+               "Python bytecode: written and reused, as Python does by default."))
     print("\n" + table + note, flush=True)
     (out_dir / "bench_runtime.md").write_text(table + "\n" + note + "\n")
     with open(out_dir / "bench_runtime.csv", "w", newline="") as f:

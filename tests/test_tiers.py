@@ -170,20 +170,24 @@ def test_two_workers_run_a_notebooks_cells_in_order_in_one_kernel(tmp_path: Path
     assert len(cells) == 6 and len(set(cells)) == 1, proc.stdout[-3000:]
 
 
-@pytest.mark.parametrize("target", ["test", "test-fast"])
+@pytest.mark.parametrize("target", ["test", "test-fast", "bench"])
 def test_make_runs_the_tests_with_bytecode_written_once_away_from_the_sources(target: str, tmp_path: Path) -> None:
-    """`make test` and `make test-fast` run pytest with bytecode written into .venv/pycache (Makefile: TEST_ENV)
-    even where the machine sets PYTHONDONTWRITEBYTECODE: every process it starts then imports TensorFlow, the SDK,
-    ... from bytecode, and no lab's code/ folder (a job's source_dir) gains a __pycache__."""
+    """`make test`, `make test-fast` and `make bench` run with bytecode written into .venv/pycache (Makefile:
+    BYTECODE_ENV) even where the machine sets PYTHONDONTWRITEBYTECODE: every process they start then imports
+    TensorFlow, the SDK, ... from bytecode, and no lab's code/ folder (a job's source_dir) gains a __pycache__."""
     import os
     import shlex
 
     root = Path(conftest.__file__).resolve().parent.parent
     plan = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=root, capture_output=True, text=True,
                           timeout=60, check=True).stdout.replace("\\\n", " ")
-    line = next(ln for ln in plan.splitlines() if " -m pytest " in ln)
-    words = shlex.split(line)
-    env = dict(w.split("=", 1) for w in words[: words.index(next(w for w in words if "=" not in w))])
+    runs = [ln for ln in plan.splitlines() if (" -m pytest " if target.startswith("test") else " benchmarks/") in ln]
+    envs = []
+    for line in runs:
+        words = shlex.split(line)
+        envs.append(dict(w.split("=", 1) for w in words[: words.index(next(w for w in words if "=" not in w))]))
+    assert runs and all(e == envs[0] for e in envs), runs
+    env, line = envs[0], runs[0]
     assert env.get("PYTHONDONTWRITEBYTECODE") == "" and env.get("PYTHONPYCACHEPREFIX") == str(root / ".venv" / "pycache"), line
     (tmp_path / "lesson.py").write_text("x = 1\n")
     subprocess.run([PY, "-c", "import lesson"], cwd=tmp_path, check=True, timeout=60,

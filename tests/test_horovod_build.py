@@ -575,6 +575,7 @@ def test_make_setup_starts_the_build_after_the_base_set_up_and_nothing_waits_for
     assert any("--no-horovod-wait" in line for line in commands("test-fast"))
     assert not any("--no-horovod-wait" in line for line in commands("test"))
     assert commands("bench-strategies")[-2:] == [f"{venv}/bin/python -m workshop.horovod_build --wait",
+                                                 f"PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX={venv}/pycache "
                                                  f"{venv}/bin/python benchmarks/bench_strategies.py --profile"]
     horovod = commands("horovod")
     assert horovod[-2:] == [f"{venv}/bin/python -m workshop.horovod_build build",

@@ -52,6 +52,16 @@ def time_once(args: list[str]) -> float:
     return time.perf_counter() - t0
 
 
+def time_interleaved(commands: dict[str, list[str]], repeats: int) -> dict[str, list[float]]:
+    """Each command's wall times over `repeats` rounds, one run of every command per round (the load
+    of the moment falls on all alike)."""
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(repeats):
+        for name, cmd in commands.items():
+            times[name].append(time_once(cmd))
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=7, help="runs of each command, interleaved")
@@ -59,10 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=ROOT / "images", help="where bench_cli.md goes")
     args = parser.parse_args(argv)
     before = load_average()
-    times: dict[str, list[float]] = {name: [] for name in COMMANDS}
-    for _ in range(args.repeats):
-        for name, cmd in COMMANDS.items():
-            times[name].append(time_once(cmd))
+    times = time_interleaved(COMMANDS, args.repeats)
     base = min(times["python -c pass"])
     lines = [f"CLI answers, best and median of {args.repeats} interleaved runs; load average {before} before, "
              f"{load_average()} after.", "",
@@ -71,10 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         best = min(values)
         ok = "-" if name == "python -c pass" else ("yes" if best < TARGET_S else "NO")
         lines.append(f"| `{name}` | {best:.2f} s | {statistics.median(values):.2f} s | {best - base:+.2f} s | {ok} |")
-    sdk: dict[str, list[float]] = {name: [] for name in SDK_IMPORTS}
-    for _ in range(args.sdk_repeats):
-        for name, cmd in SDK_IMPORTS.items():
-            sdk[name].append(time_once(cmd))
+    sdk = time_interleaved(SDK_IMPORTS, args.sdk_repeats)
     alone = min(sdk["the SDK alone"])
     lines += ["", f"Importing the SageMaker SDK (`from sagemaker.train import ModelTrainer`), best and median of "
               f"{args.sdk_repeats}:", "", "| import | best | median | vs alone |", "|---|---:|---:|---:|"]

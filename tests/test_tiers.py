@@ -6,6 +6,7 @@ These tests start nothing: each launch below is refused before a process exists.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from types import SimpleNamespace
 import conftest
 import pytest
 from conftest import PROBE_CODE, TrainingInFastTest, training_launch
+
+from workshop import REPO_ROOT
 
 PY = sys.executable
 BIN = Path(PY).parent
@@ -178,17 +181,14 @@ def test_make_runs_the_tests_with_bytecode_written_once_away_from_the_sources(ta
     import os
     import shlex
 
-    root = Path(conftest.__file__).resolve().parent.parent
-    plan = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=root, capture_output=True, text=True,
+    plan = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=60, check=True).stdout.replace("\\\n", " ")
     runs = [ln for ln in plan.splitlines() if (" -m pytest " if target.startswith("test") else " benchmarks/") in ln]
-    envs = []
-    for line in runs:
-        words = shlex.split(line)
-        envs.append(dict(w.split("=", 1) for w in words[: words.index(next(w for w in words if "=" not in w))]))
+    # each command line's leading NAME=value words: the environment it runs with
+    envs = [dict(w.split("=", 1) for w in itertools.takewhile(lambda w: "=" in w, shlex.split(ln))) for ln in runs]
     assert runs and all(e == envs[0] for e in envs), runs
-    env, line = envs[0], runs[0]
-    assert env.get("PYTHONDONTWRITEBYTECODE") == "" and env.get("PYTHONPYCACHEPREFIX") == str(root / ".venv" / "pycache"), line
+    env = envs[0]
+    assert env.get("PYTHONDONTWRITEBYTECODE") == "" and env.get("PYTHONPYCACHEPREFIX") == str(REPO_ROOT / ".venv" / "pycache"), runs[0]
     (tmp_path / "lesson.py").write_text("x = 1\n")
     subprocess.run([PY, "-c", "import lesson"], cwd=tmp_path, check=True, timeout=60,
                    env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **env})

@@ -473,13 +473,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Notebooks (nbval's items, `*.ipynb`) run the labs: they are slow; lab 2's needs Horovod. The
     tests that need Horovod come last (in their order), so that its background build overlaps the rest.
     On two workers the single ones still do, but lab 2's notebook is one of the first units (the
-    scheduler below): a build still under way keeps that worker waiting while the other goes on."""
+    scheduler below): a build still under way keeps that worker waiting while the other goes on.
+    Within each of the two, the slow tests come before the fast ones: the workers take tests in this
+    order, and many small tests at the end even out when each worker finishes (a minute-long test
+    taken last keeps one worker busy while the other has nothing left)."""
     for item in items:
         if str(item.path).endswith(".ipynb"):
             item.add_marker(pytest.mark.slow)
             if item.path.parent.name == HOROVOD_LAB_FOLDER:
                 item.add_marker(pytest.mark.horovod)
-    items[:] = sorted(items, key=lambda item: item.get_closest_marker("horovod") is not None)
+    items[:] = sorted(items, key=lambda item: (item.get_closest_marker("horovod") is not None,
+                                               item.get_closest_marker("slow") is None))
 
 
 _SAGEMAKER_MODE_RUN = re.compile(r"^tests/test_notebooks_sagemaker_mode\.py::[^\[]+\[([^/\]]+)/([^/\]]+)\]$")

@@ -247,3 +247,28 @@ def test_lab4_memory_figure_labels_neither_touch_nor_reach_the_frame(tmp_path) -
         assert min(gaps, default=height) >= height / 2, "two labels nearly touch"
     finally:
         plt.close("all")
+
+
+# Cells that do the same local work in both modes (tests/test_notebooks_sagemaker_mode.py: LOCAL_WORK_TAG):
+# nbval runs them in local mode, and the sagemaker-mode run leaves them out. So a tagged cell must not
+# depend on the mode, nor start or clean up anything in AWS.
+MODE_DEPENDENT = re.compile(r"\bmode\b|run_on_sagemaker|\bcleanup\(|\bsagemaker\b")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_ids)
+def test_local_work_cells_are_the_same_in_both_modes(notebook: Path) -> None:
+    from test_notebooks_sagemaker_mode import LOCAL_WORK_TAG, _prepare
+
+    nb = _read(notebook)
+    tagged = [i for i, cell in enumerate(nb.cells) if LOCAL_WORK_TAG in cell.get("metadata", {}).get("tags", [])]
+    for i in tagged:
+        cell = nb.cells[i]
+        assert cell.cell_type == "code" and "parameters" not in cell.metadata.get("tags", []), (notebook.name, i)
+        found = MODE_DEPENDENT.search(cell.source)
+        assert not found, (f"{notebook.name} cell {i} is tagged {LOCAL_WORK_TAG!r} (left out of the sagemaker-mode "
+                           f"run) but reads {found[0]!r}: untag it, or move the mode-dependent part to a cell of its own")
+    # The sagemaker-mode run's notebook: every other cell, in order, around the injected ones.
+    prepared = _prepare(_read(notebook), notebook.stem)
+    kept = [cell.source for cell in prepared.cells
+            if not any(tag.startswith("injected-") for tag in cell.metadata.get("tags", []))]
+    assert kept == [cell.source for i, cell in enumerate(nb.cells) if i not in tagged]

@@ -17,6 +17,10 @@ its outputs must show that a training job really ran and completed there: the fa
 each job (Completed, log lines in CloudWatch, a model in S3), the workshop's `Completed` line for
 that job with its console URL, and an accuracy line. A notebook whose sagemaker cells silently
 did nothing fails.
+
+Cells tagged `local-work` are left out: they measure on this machine and check what they measured,
+the same in both modes (they never read `mode`: tests/test_notebook_hygiene.py), and nbval runs and
+checks them in local mode. What this run adds is the sagemaker branch, so it runs only that.
 """
 
 from __future__ import annotations
@@ -36,38 +40,28 @@ TESTS = Path(__file__).resolve().parent
 NOTEBOOKS = sorted(REPO.glob("[0-9]_*/*.ipynb"))
 KERNEL_NAME = "workshop-fake-sagemaker-test"
 CELL_TIMEOUT_S = 900
+# Cells that do the same local work in both modes (a measurement grid, a profile and their checks): nbval
+# runs them in local mode; the sagemaker-mode run leaves them out (the notebook's cell metadata tags them).
+LOCAL_WORK_TAG = "local-work"
 # Extra parameter values per notebook ("<folder>/<notebook stem>" -> code), e.g. smaller sizes for slow labs.
-# Cells that do only local work run in both modes and are checked in local mode (nbval) already: here
-# they shrink to what the cells after them need, or are skipped through the notebook's own parameter.
+# (Cells that do only local work are local-work cells, left out above, not shrunk here.)
 OVERRIDES: dict[str, str] = {
-    # The traffic check is local in both modes and is checked in local mode already: keep it short.
-    "2_horovod/horovod": "traffic_ranks = (2,)\ntraffic_mib = 16\n",
-    # The fake runs one CPU process per host (2 in all), not 8 GPUs per p4d: shard over those 2,
-    # with a tiny model and few steps; the grid of measurements shrinks to N = 1, 2. Every route runs:
-    # the default (plain FSDP), the DeepSpeed route (its job pip-installs DeepSpeed, already here) and the
-    # opt-in SMP route, so that no cell goes unexecuted. DeepSpeed's local rows are checked in local mode.
     # Spot jobs on the fake are reclaimed once (after their first checkpoint) and restarted from S3.
-    # The local interval sweep shrinks to part 1's run (the reference and the faulted run stay: the checks
-    # use them), and lab 4's resharding (2 local runs) is skipped.
-    "3_data_parallel/fault_tolerance": (
-        "import fake_sagemaker\nfake_sagemaker.active().spot_interruptions = 1\n"
-        "intervals = (checkpoint_every,)\n"
-        "lab4_reshard = False\n"
-    ),
+    "3_data_parallel/fault_tolerance": "import fake_sagemaker\nfake_sagemaker.active().spot_interruptions = 1\n",
     # tests/test_fake_tuning.py covers the fake's tuning path; what only this run covers is the notebook's
     # sagemaker branch: two tuning jobs, their cost lines, their trials' results in the analysis and its checks.
     # Four learning rates (of 6) keep that analysis a real test: around the divergence edge (lr 0.2 at world
     # size 1, 0.4 at 2: local runs measured 0.93, 0.93, 0.10, 0.10 against 0.91, 0.94, 0.93, 0.11) the
     # curves match at a factor of 2 (mean difference 0.007, against 0.22 unshifted and 0.41 at 4).
     "3_data_parallel/job_parallelism": "lrs = (0.05, 0.1, 0.2, 0.4)\n",
+    # The fake runs one CPU process per host (2 in all), not 8 GPUs per p4d: shard over those 2, with a
+    # tiny model and few steps. Every route runs: the default (plain FSDP), the DeepSpeed route (its job
+    # pip-installs DeepSpeed, already here) and the opt-in SMP route, so that no sagemaker cell goes unexecuted.
     "4_model_parallel/model_parallel": (
         'sagemaker_routes = ("fsdp", "smp", "deepspeed")\n'
-        "deepspeed_stages = ()\n"
         "allow_unsupported_image = True\n"
         "smp_hybrid_shard_degree = 2\n"
         'job_model = {"layers": 2, "d-model": 64, "heads": 4, "seq-len": 32, "batch-size": 16, "steps": 40}\n'
-        "world_sizes = (1, 2)\n"
-        "tp_pp_demo = False\n"  # a local 2-process torchrun, checked in local mode
     ),
 }
 # Lines each notebook's sagemaker run must print, on top of the checks every notebook gets.
@@ -85,9 +79,6 @@ EXPECTED_OUTPUT: dict[str, tuple[str, ...]] = {
     "3_data_parallel/data_parallel": (
         "final test accuracy:", "weights digest per rank:", "ranks, one set of weights",
         "[infra] cost: at most", "[infra] quota:", "[infra] network deleted:",  # preflight, then cleanup
-        # "Where the time goes": the local profile at 2 and 4 ranks runs in both modes, and its check passed
-        "Predicted by workshop.planner for the same layouts on ml.p4d.24xlarge",
-        "profiler reports: on every rank the parts add up to the step",
     ),
     # Two tuning jobs (world sizes 1 and 2), each trial run by the fake through the image's toolkit
     # and the workshop's trial entry (sagemaker-python-sdk#5610), ranked by the service.
@@ -111,8 +102,6 @@ EXPECTED_OUTPUT: dict[str, tuple[str, ...]] = {
         "WARNING: The SageMaker model-parallel (SMP v2) image",  # the opt-in route says what it is
         # the DeepSpeed route: its job installs DeepSpeed when it starts, then trains ZeRO-3
         "the 'deepspeed' route's job installs 4_model_parallel/code/requirements-deepspeed.txt", "deepspeed Completed",
-        # "Where the time goes": the local FSDP and DDP profiles run in both modes, and their check passed
-        "collectives on the model per step, the planner's", "profiler reports: on every rank the parts add up",
     ),
 }
 SUMMARY_MARK = "FAKE_SAGEMAKER_JOBS="
@@ -149,8 +138,8 @@ def _code(source: str, tag: str) -> nbformat.NotebookNode:
 
 
 def _prepare(nb: nbformat.NotebookNode, key: str) -> nbformat.NotebookNode:
-    """The notebook with the fake started first, and `mode = "sagemaker"` and `confirm_cost = True`
-    after its parameters."""
+    """The notebook with the fake started first, `mode = "sagemaker"` and `confirm_cost = True` after
+    its parameters, and its local-work cells left out."""
     tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(tagged) == 1, f"{key}: expected one cell tagged 'parameters', found {len(tagged)}"
     start = _code(
@@ -173,8 +162,8 @@ def _prepare(nb: nbformat.NotebookNode, key: str) -> nbformat.NotebookNode:
         "fake_sagemaker.stop()\n",
         "injected-summary",
     )
-    cells = list(nb.cells)
-    cells.insert(tagged[0] + 1, params)
+    cells = [cell for cell in nb.cells if LOCAL_WORK_TAG not in cell.get("metadata", {}).get("tags", [])]
+    cells.insert(cells.index(nb.cells[tagged[0]]) + 1, params)
     nb.cells = [start, *cells, summary]
     return nb
 

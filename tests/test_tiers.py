@@ -115,18 +115,20 @@ class _Item(SimpleNamespace):
         return next((m for m in self.marks if m.name == name), None)
 
 
-def test_notebooks_are_marked_slow_at_collection_and_horovod_runs_last() -> None:
+def test_notebooks_are_marked_slow_at_collection_and_horovod_runs_last_slow_tests_first() -> None:
     items = [_Item(path=Path(name), marks=list(marks)) for name, marks in (
         ("1_parameter_server/lab.ipynb", []), ("2_horovod/horovod.ipynb", []), ("tests/test_hvd.py", [pytest.mark.horovod.mark]),
-        ("tests/test_x.py", []))]
+        ("tests/test_x.py", []), ("tests/test_y.py", [pytest.mark.slow.mark]))]
     conftest.pytest_collection_modifyitems(None, items)
     marks = {str(item.path): [m.name for m in item.marks] for item in items}
     assert marks == {"1_parameter_server/lab.ipynb": ["slow"],
                      "2_horovod/horovod.ipynb": ["slow", "horovod"],
-                     "tests/test_hvd.py": ["horovod"], "tests/test_x.py": []}
-    # What needs Horovod runs last (its background build overlaps the rest), each group in its order.
+                     "tests/test_hvd.py": ["horovod"], "tests/test_x.py": [], "tests/test_y.py": ["slow"]}
+    # What needs Horovod runs last (its background build overlaps the rest); in each group the slow tests
+    # come first, each kind in its order.
     assert [str(item.path) for item in items] == [
-        "1_parameter_server/lab.ipynb", "tests/test_x.py", "2_horovod/horovod.ipynb", "tests/test_hvd.py"]
+        "1_parameter_server/lab.ipynb", "tests/test_y.py", "tests/test_x.py", "2_horovod/horovod.ipynb",
+        "tests/test_hvd.py"]
 
 
 def test_a_notebooks_cells_and_its_sagemaker_mode_run_are_one_work_unit() -> None:

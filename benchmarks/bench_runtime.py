@@ -1,6 +1,6 @@
 """What the local cluster's runtimes cost per job, against bare `torchrun`.
 
-    python benchmarks/bench_runtime.py [--repeats 5] [--out-dir images/]
+    python benchmarks/bench_runtime.py [--repeats 5] [--warm-ups 1] [--out-dir images/]
 
 The same tiny job (benchmarks/workers/hello_dist.py: join a gloo process group, all-reduce one
 number, leave; the time is launching, rendezvous and shutdown, not training) is started three
@@ -98,8 +98,13 @@ def cluster(hosts: int, procs: int, runtime: str, workdir: Path) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats of each way")
+    parser.add_argument("--warm-ups", type=int, default=1,
+                        help="untimed runs of each way before the timed ones (imports, page cache); 0: none (a check "
+                             "that every way works, whose timings mean little)")
     parser.add_argument("--out-dir", default=str(ROOT / "images"), help="where the .md and .csv go")
     args = parser.parse_args(argv)
+    if args.repeats < 1 or args.warm_ups < 0:
+        parser.error("--repeats must be at least 1 and --warm-ups at least 0")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
@@ -107,9 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average before: {load_average()}", flush=True)
     try:
         for hosts, procs in SHAPES:
-            for way in WAYS:  # one untimed warm-up of each (imports, page cache)
-                (bare(hosts, procs) if way == "bare torchrun"
-                 else cluster(hosts, procs, way.split()[0], scratch / f"warm-{way[0]}-{hosts}"))
+            for w in range(args.warm_ups):  # untimed warm-ups of each (imports, page cache)
+                for way in WAYS:
+                    (bare(hosts, procs) if way == "bare torchrun"
+                     else cluster(hosts, procs, way.split()[0], scratch / f"warm-{way[0]}-{hosts}-{w}"))
             for r in range(args.repeats):
                 times.setdefault((hosts, procs, "import torch"), []).append(import_torch())
                 for way in WAYS:
@@ -145,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"| {row['vs_bare_s']:+.2f} s | {row['ratio']:.2f} | {row['sdk_driver_import_torch_s']:.2f} s "
                      f"| {row['simulation_s']:+.2f} s | {strict} |")
     table = "\n".join(lines)
-    note = (f"\n{args.repeats} interleaved repeats per row, on {os.cpu_count()} cores; load average after: "
+    note = (f"\n{args.repeats} interleaved repeats per row after {args.warm_ups} untimed warm-up(s) of each, on "
+            f"{os.cpu_count()} cores; load average after: "
             f"{load_average()}. The job: join a gloo group, all-reduce one number, leave. `import torch` alone "
             "took the median time shown (measured in the same repeats): the SDK's torchrun driver pays it before "
             "launching, on SageMaker too. "

@@ -28,9 +28,13 @@ KERNEL_DISPLAY_NAME := Python (distributed training workshop)
 # A SageMaker notebook instance has this file (workshop/cloud/aws.py: NOTEBOOK_METADATA_FILE).
 SAGEMAKER_NOTEBOOK_METADATA := /opt/ml/metadata/resource-metadata.json
 PYTEST_ARGS ?=
-# Test processes (pytest-xdist) for `make test` and `make test-fast`; 0 runs the tests in this process. Two
-# pay even on 2 cores: many tests wait (rendezvous, hosts started apart, timeouts) more than they compute.
-TEST_WORKERS ?= 2
+# Test processes (pytest-xdist) for `make test`; 0 runs the tests in this process. Three, even on 2 cores:
+# many tests wait (rendezvous, hosts started apart, timeouts, the fake SageMaker's polls) more than they
+# compute; on 2 cores a whole run took 31 min of pytest with three, where two kept 1.6 cores busy.
+TEST_WORKERS ?= 3
+# ... and for `make test-fast`, whose tests mostly compute (imports, parsing): a third worker there cost
+# 10% more CPU for the same time (2 cores: 140-145 s with two, 139-143 s with three).
+FAST_TEST_WORKERS ?= 2
 # The tests' and the benchmarks' Python bytecode. A test run starts hundreds of Python processes (kernels,
 # jobs, hosts, ranks, CLI calls); where the machine sets PYTHONDONTWRITEBYTECODE (CI images often do) and
 # the set-up installed with --no-compile (below), each compiled TensorFlow's, the SDK's, moto's, ...
@@ -99,7 +103,7 @@ test: setup $(DEV_STAMP)
 # Horovod run when it is installed and are skipped, never waited for, while its build runs.
 test-fast: $(DEV_STAMP)
 	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
-	$(BYTECODE_ENV) $(BIN)/python -m pytest tests -m "not slow" --timeout=300 --no-horovod-wait -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(BYTECODE_ENV) $(BIN)/python -m pytest tests -m "not slow" --timeout=300 --no-horovod-wait -n $(FAST_TEST_WORKERS) $(PYTEST_ARGS)
 
 # Registers the kernel every notebook names in its metadata (kernelspec name $(KERNEL_NAME); checked by
 # tests/test_notebook_hygiene.py), for this user, then starts JupyterLab. As root (a container, sudo)

@@ -472,11 +472,11 @@ def pytest_runtest_teardown(item: pytest.Item) -> Any:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Notebooks (nbval's items, `*.ipynb`) run the labs: they are slow; lab 2's needs Horovod. The
     tests that need Horovod come last (in their order), so that its background build overlaps the rest.
-    On two workers the single ones still do, but lab 2's notebook is one of the first units (the
-    scheduler below): a build still under way keeps that worker waiting while the other goes on.
-    Within each of the two, the slow tests come before the fast ones: the workers take tests in this
+    On several workers the single ones still do, but lab 2's notebook is one of the first units (the
+    scheduler below): a build still under way keeps that worker waiting while the others go on.
+    In each group (without Horovod, with it) the slow tests come before the fast ones: the workers take tests in this
     order, and many small tests at the end even out when each worker finishes (a minute-long test
-    taken last keeps one worker busy while the other has nothing left)."""
+    taken last keeps one worker busy while the others have nothing left)."""
     for item in items:
         if str(item.path).endswith(".ipynb"):
             item.add_marker(pytest.mark.slow)
@@ -490,7 +490,7 @@ _SAGEMAKER_MODE_RUN = re.compile(r"^tests/test_notebooks_sagemaker_mode\.py::[^\
 
 
 def notebook_group(nodeid: str) -> str | None:
-    """The work unit a test belongs to under pytest-xdist (`make test`: `-n 2 --dist loadgroup`),
+    """The work unit a test belongs to under pytest-xdist (`make test`: `-n 3 --dist loadgroup`),
     from its node id (all the controller sees of it): a notebook's nbval cells (which must run in
     order in one kernel) together with the same notebook's sagemaker-mode run, since both modes
     share the notebook's folders (the fault-tolerance notebook clears runs/fault-tolerance at its

@@ -474,9 +474,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests that need Horovod come last (in their order), so that its background build overlaps the rest.
     On several workers the single ones still do, but lab 2's notebook is one of the first units (the
     scheduler below): a build still under way keeps that worker waiting while the others go on.
-    In each group (without Horovod, with it) the slow tests come before the fast ones: the workers take tests in this
-    order, and many small tests at the end even out when each worker finishes (a minute-long test
-    taken last keeps one worker busy while the others have nothing left)."""
+    In each group (without Horovod, with it) the slow tests come before the fast ones: the workers
+    take tests in this order, and many small tests at the end even out when each worker finishes (a
+    minute-long test taken last keeps one worker busy while the others have nothing left)."""
     for item in items:
         if str(item.path).endswith(".ipynb"):
             item.add_marker(pytest.mark.slow)

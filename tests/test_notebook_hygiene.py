@@ -257,10 +257,10 @@ MODE_DEPENDENT = re.compile(r"\bmode\b|run_on_sagemaker|\bcleanup\(|\bsagemaker\
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_ids)
 def test_local_work_cells_are_the_same_in_both_modes(notebook: Path) -> None:
-    from test_notebooks_sagemaker_mode import LOCAL_WORK_TAG, _prepare
+    from test_notebooks_sagemaker_mode import LOCAL_WORK_TAG, _prepare, is_local_work
 
     nb = _read(notebook)
-    tagged = [i for i, cell in enumerate(nb.cells) if LOCAL_WORK_TAG in cell.get("metadata", {}).get("tags", [])]
+    tagged = [i for i, cell in enumerate(nb.cells) if is_local_work(cell)]
     for i in tagged:
         cell = nb.cells[i]
         assert cell.cell_type == "code" and "parameters" not in cell.metadata.get("tags", []), (notebook.name, i)

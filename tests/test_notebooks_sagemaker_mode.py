@@ -137,6 +137,10 @@ def _code(source: str, tag: str) -> nbformat.NotebookNode:
     return cell
 
 
+def is_local_work(cell: nbformat.NotebookNode) -> bool:
+    return LOCAL_WORK_TAG in cell.get("metadata", {}).get("tags", [])
+
+
 def _prepare(nb: nbformat.NotebookNode, key: str) -> nbformat.NotebookNode:
     """The notebook with the fake started first, `mode = "sagemaker"` and `confirm_cost = True` after
     its parameters, and its local-work cells left out."""
@@ -162,7 +166,7 @@ def _prepare(nb: nbformat.NotebookNode, key: str) -> nbformat.NotebookNode:
         "fake_sagemaker.stop()\n",
         "injected-summary",
     )
-    cells = [cell for cell in nb.cells if LOCAL_WORK_TAG not in cell.get("metadata", {}).get("tags", [])]
+    cells = [cell for cell in nb.cells if not is_local_work(cell)]
     cells.insert(cells.index(nb.cells[tagged[0]]) + 1, params)
     nb.cells = [start, *cells, summary]
     return nb

@@ -65,6 +65,10 @@ $(STAMP): requirements.txt requirements-no-deps.txt pyproject.toml
 	@# built against its headers (scripts/build_horovod.sh installs one built for tensorflow-cpu).
 	@if $(BIN)/python -m pip show tensorflow >/dev/null 2>&1; then \
 		$(BIN)/python -m pip uninstall --quiet -y tensorflow tf-keras tensorflow-cpu horovod; fi
+	@# mlxtend moved to requirements-no-deps.txt: a .venv made before has its scikit-learn, which nothing here uses
+	@# and Keras 3 imports in every TensorFlow process (0.5-0.7 s of CPU each).
+	@if $(BIN)/python -m pip show scikit-learn >/dev/null 2>&1; then \
+		$(BIN)/python -m pip uninstall --quiet -y scikit-learn; fi
 	@# torch's CPU build: PyPI's Linux wheel is the CUDA build, which brings NVIDIA's CUDA libraries
 	@# (cuDNN, cuBLAS, NCCL, ...: gigabytes that a notebook instance's 5 GB volume has no room for). A
 	@# torch of the pinned version already installed (the CUDA build on a GPU machine: docs/laptop-and-gpu.md) stays.

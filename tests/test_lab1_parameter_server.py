@@ -244,15 +244,6 @@ def test_losing_the_coordinator_fails_the_job_fast(tmp_path, channels):
 
 
 @pytest.mark.slow
-def test_resumes_from_its_checkpoint(tmp_path, channels):
-    store = tmp_path / "checkpoints"  # stands in for the job's checkpoint S3 URI
-    run(tmp_path, channels, "a", hyperparameters={"steps": 50, "log-interval": 50}, checkpoint_dir=store)
-    second = run(tmp_path, channels, "b", hyperparameters={"steps": 100, "log-interval": 50}, checkpoint_dir=store)
-    assert any("Resumed from" in line and "at step 50" in line for line in second.lines)
-    assert [r["step"] for r in second.records if "test_accuracy" in r] == [100]
-
-
-@pytest.mark.slow
 def test_checkpoints_every_interval_from_one_traced_function(tmp_path, channels):
     """A checkpoint at each of 8 intervals: TensorFlow warns of tf.function retracing from the 5th
     eager save of variables on several tasks; the script's save function is traced once. Only the

@@ -59,17 +59,6 @@ def test_runs_under_torchrun(tmp_path, channels):
     assert config["threads_per_rank"] == max(1, os.cpu_count() // 2)  # ranks share the cores
 
 
-@pytest.mark.slow
-def test_resumes_from_its_checkpoint(tmp_path, channels):
-    store = tmp_path / "checkpoints"  # stands in for the job's checkpoint S3 URI
-    common = dict(hosts=2, procs_per_host=1, data_dir=channels["train"].parent, echo=False, checkpoint_dir=store)
-    run_local(LAB, hyperparameters={**QUICK, "epochs": 1}, workdir=tmp_path / "a", **common)
-    assert (store / "checkpoint.pt").is_file()
-    second = run_local(LAB, hyperparameters={**QUICK, "epochs": 2}, workdir=tmp_path / "b", **common)
-    assert any("Resumed from" in line and "after epoch 1" in line for line in second.lines)
-    assert [r["epoch"] for r in second.records if "test_accuracy" in r] == [2]
-
-
 @pytest.mark.parametrize(
     ("hps", "hosts", "message"),
     [

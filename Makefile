@@ -31,7 +31,7 @@ PYTEST_ARGS ?=
 # Test processes (pytest-xdist) for `make test`; 0 runs the tests in this process. Three, even on 2 cores:
 # many tests wait (rendezvous, hosts started apart, timeouts, the fake SageMaker's polls) more than they
 # compute; on 2 cores a whole run took 31 min of pytest with three, where two kept 1.6 cores busy.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 # ... and for `make test-fast`, whose tests mostly compute (imports, parsing): a third worker there cost
 # 10% more CPU for the same time (2 cores: 140-145 s with two, 139-143 s with three).
 FAST_TEST_WORKERS ?= 2

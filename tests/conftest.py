@@ -123,60 +123,14 @@ def repo_path(*parts: str) -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _sdk_config_schema_checked_once() -> Iterator[None]:
-    """Speed only: `jsonschema.validate` checks the *schema* against its metaschema on every call
-    before validating the instance, and the SageMaker SDK validates its config with the same
-    constant schema on every config lookup (dozens per dry run: most of a dry run's time). Each
-    distinct schema is checked once per session here; every instance is still validated, with the
-    same result and errors as `jsonschema.validate` (whose body this is)."""
-    import json
-
-    import jsonschema
-    from jsonschema import exceptions, validators
-
-    checked: set[tuple[Any, str]] = set()
-
-    def validate(instance: Any, schema: Any, cls: Any = None, *args: Any, **kwargs: Any) -> None:
-        if cls is None:
-            cls = validators.validator_for(schema)
-        key = (cls, json.dumps(schema, sort_keys=True, default=repr))
-        if key not in checked:
-            cls.check_schema(schema)
-            checked.add(key)
-        error = exceptions.best_match(cls(schema, *args, **kwargs).iter_errors(instance))
-        if error is not None:
-            raise error
+def _speedups() -> Iterator[None]:
+    """Speed only: jsonschema checks each schema once, botocore loaders share the models they parse
+    (tests/speedups.py: neither changes a result)."""
+    import speedups
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(jsonschema, "validate", validate)
-        yield
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _botocore_models_loaded_once() -> Iterator[None]:
-    """Speed only: botocore caches the service models it parses (multi-megabyte JSON files) per
-    session, and the tests, the SDK and moto make hundreds of sessions, so the same files are
-    parsed again and again. Loaders with the same class, search paths and extras share that cache
-    here, as every client of one botocore session already shares its models."""
-    from botocore.loaders import Loader
-
-    shared: dict[tuple[Any, ...], Any] = {}
-
-    def sharing(name: str) -> Any:
-        real = getattr(Loader, name)
-
-        def method(self: Loader, *args: Any, **kwargs: Any) -> Any:
-            key = (name, type(self), tuple(self.search_paths), tuple(self.extras_types), args,
-                   tuple(sorted(kwargs.items())))
-            if key not in shared:
-                shared[key] = real(self, *args, **kwargs)
-            return shared[key]
-
-        return method
-
-    with pytest.MonkeyPatch.context() as mp:
-        for name in ("load_service_model", "load_data_with_path"):
-            mp.setattr(Loader, name, sharing(name))
+        for target, name, value in speedups.patches():
+            mp.setattr(target, name, value)
         yield
 
 

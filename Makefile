@@ -72,7 +72,9 @@ $(STAMP): requirements.txt requirements-no-deps.txt pyproject.toml
 	@# torch's CPU build: PyPI's Linux wheel is the CUDA build, which brings NVIDIA's CUDA libraries
 	@# (cuDNN, cuBLAS, NCCL, ...: gigabytes that a notebook instance's 5 GB volume has no room for). A
 	@# torch of the pinned version already installed (the CUDA build on a GPU machine: docs/laptop-and-gpu.md) stays.
-	$(BIN)/python -m pip install --quiet --no-deps --extra-index-url $(TORCH_INDEX) "$$(grep -E '^torch==' requirements.txt)"
+	@# --retries 2: where that index's name does not resolve (a machine that reaches only PyPI, as CI's), pip's
+	@# default 5 retries back off for 7.5 s before it goes on with PyPI alone; 2 cost 0.5 s.
+	$(BIN)/python -m pip install --quiet --retries 2 --no-deps --extra-index-url $(TORCH_INDEX) "$$(grep -E '^torch==' requirements.txt)"
 	@# --no-compile: Python compiles a module's bytecode when it is first imported; compiling every module
 	@# ahead took 0.5 GB, of which the labs import 0.2 GB (a notebook instance's volume is 5 GB).
 	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt

@@ -232,7 +232,6 @@ def test_the_sdk_imported_through_the_workshop_builds_no_iri_parser():
     assert out.stdout.strip() == "['sagemaker.core.config.config']", out.stdout  # the SDK's config checks ran, no lark
 
 
-
 def test_tensorflow_finds_no_scikit_learn_for_keras_to_import():
     """Keras 3 imports scikit-learn (its wrappers) whenever it is installed, in every TensorFlow process: each of lab
     1's parameter servers and workers, lab 2's TensorFlow ranks, each notebook kernel that imports TensorFlow paid
@@ -243,6 +242,7 @@ def test_tensorflow_finds_no_scikit_learn_for_keras_to_import():
     assert importlib.util.find_spec("sklearn") is None, (
         "scikit-learn is installed in this environment: run `make setup` (it removes it), or "
         "`pip uninstall scikit-learn`")
+
     def pins(name: str) -> list[str]:
         return [line for line in (REPO_ROOT / name).read_text().splitlines() if line.startswith("mlxtend")]
 

@@ -56,9 +56,10 @@ OVERRIDES: dict[str, str] = {
     # tests/test_fake_tuning.py covers the fake's tuning path; what only this run covers is the notebook's
     # sagemaker branch: two tuning jobs, their cost lines, their trials' results in the analysis and its checks.
     # Three learning rates (of 6) keep that analysis a real test, as nbval's local run does with all six: around
-    # the divergence edge (lr 0.2 at world size 1, 0.4 at 2: local runs measured 0.93, 0.10, 0.10 against 0.94,
-    # 0.93, 0.11) the curves match at a factor of 2 (mean difference 0.005, against 0.28 unshifted and 0.82 at
-    # 4). Each factor still compares at least one point; a fourth rate would add a trial per world size.
+    # the divergence edge (lr 0.2 at world size 1, 0.4 at 2: a local run on 2026-11-26 measured 0.911, 0.100,
+    # 0.100 against 0.938, 0.915, 0.339) the curves match at a factor of 2 (mean difference 0.12, against 0.36
+    # unshifted and 0.57 at 4). Each factor still compares at least one point; a fourth rate would add a trial
+    # per world size.
     "3_data_parallel/job_parallelism": "lrs = (0.1, 0.2, 0.4)\n",
     # The fake runs one CPU process per host (2 in all), not 8 GPUs per p4d: shard over those 2, with a
     # tiny model and few steps. Every route runs: the default (plain FSDP), the DeepSpeed route (its job

@@ -6,6 +6,7 @@
 #                   when its Horovod build is still running, once it is done)
 #   make test       set up, then run every test (lint, unit, notebooks)     (what CI runs; the tests that
 #                   need Horovod run last, once its build is done)
+#   make test-costs `make test`, then tests/costs.json: each slow test's cost, which plans the workers' order
 #   make test-fast  set up, then lint and every test that starts no training (no notebooks; under 2 minutes;
 #                   never waits for Horovod's build: its tests are skipped until it is done)
 #   make lab        set up, register the Jupyter kernel, start JupyterLab (Horovod builds behind it)
@@ -46,7 +47,7 @@ BYTECODE_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(abspath $(VENV))/
 # Where torch's CPU build comes from (see the set-up below).
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup workshop test test-fast lab kernel bench bench-allreduce bench-strategies horovod clean
+.PHONY: setup workshop test test-costs test-fast lab kernel bench bench-allreduce bench-strategies horovod clean
 
 # Horovod 0.28.1 is source-only and needs patches for today's frameworks; only lab 2 uses it. After the
 # base set-up, `horovod_build start` installs it from an installed, cached or shared (WORKSHOP_WHEELHOUSE)
@@ -103,6 +104,13 @@ test: setup $(DEV_STAMP)
 	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
 	$(BYTECODE_ENV) $(BIN)/python -m pytest tests $(wildcard [0-9]_*/*.ipynb) --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=900 --timeout=1800 --durations=30 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# `make test`, recording what each slow test cost (wall and CPU seconds) into tests/costs.json, the record
+# its workers' order is planned with (tests/scheduling.py). Again after tests are added, removed or made
+# much slower or faster: a stale record only makes the order worse. Written once every test has passed.
+test-costs:
+	$(MAKE) test PYTEST_ARGS="$(PYTEST_ARGS) --record-costs runs/test-costs.json"
+	cp runs/test-costs.json tests/costs.json
 
 # The tests that start no training process (tests marked slow and the notebooks left out); a test
 # that is not marked slow and starts training fails (the guard in tests/conftest.py). Tests that need

@@ -463,16 +463,27 @@ def notebook_group(nodeid: str) -> str | None:
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own; only where xdist is loaded
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadgroup` for this suite: `notebook_group`'s units, each on one worker, the biggest
-    first (xdist's order: most tests first, so the notebooks start at once and the single tests
-    fill in around them)."""
+    """`--dist loadgroup` for this suite: `notebook_group`'s units, each on one worker, planned with
+    what each test cost in a whole run (tests/scheduling.py: the longest first, and a test that mostly
+    waits beside two that compute). While Horovod's background build runs, xdist's order instead
+    (most tests first, so the notebooks start at once and the single tests fill in around them; the
+    tests that need Horovod last, as collected): a test that needs it waits for the build."""
     if config.getvalue("dist") != "loadgroup":
         return None
+    from workshop import horovod_build
+
+    def split_scope(nodeid: str) -> str:
+        return notebook_group(nodeid) or nodeid
+
+    if horovod_build.read_status().state == "ready":
+        from scheduling import make_scheduler
+
+        return make_scheduler(config, log, split_scope)
     from xdist.scheduler import LoadScopeScheduling
 
     class NotebookScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return notebook_group(nodeid) or nodeid
+            return split_scope(nodeid)
 
     return NotebookScheduling(config, log)
 
@@ -481,13 +492,27 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 HOROVOD_LAB_FOLDER = "2_horovod"
 NO_HOROVOD_WAIT = "--no-horovod-wait"
+RECORD_COSTS = "--record-costs"
 _HOROVOD_VERDICT = pytest.StashKey[tuple[str, str] | None]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`--record-costs FILE`: tests/scheduling.py's recorder, in the run's own process and each worker."""
+    path = config.getoption(RECORD_COSTS)
+    if path:
+        from scheduling import CostRecorder
+
+        worker = getattr(config, "workerinput", {}).get("workerid")
+        config.pluginmanager.register(CostRecorder(Path(path).resolve(), worker), "cost-recorder")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(NO_HOROVOD_WAIT, action="store_true",
                      help="skip the tests that need Horovod (marked horovod) while it is not ready, instead of "
                           "waiting for its background build (make test-fast)")
+    parser.addoption(RECORD_COSTS, metavar="FILE", default=None,
+                     help="write each slow test's wall and CPU seconds to FILE (make test-costs: tests/costs.json, "
+                          "which `make test` plans its workers' order with)")
 
 
 def env_without_horovod(root: Path) -> Path:

@@ -11,9 +11,10 @@ in, the waiting ones come in clusters (whole files of them), so on CI a core sto
 `CostScheduling` plans with `tests/costs.json`, each slow test's wall and CPU seconds measured in one
 whole run (`make test-costs` writes it again; a test it does not know counts as a short one that
 computes). The longest units go first (a unit that starts last and runs long keeps its worker busy
-while the others have nothing left), and whenever as many workers are computing as there are cores,
-a worker that needs work takes a waiting test instead. A stale record can only make the plan worse,
-never a test fail: every test still runs, each notebook's cells in order on one worker."""
+while the others have nothing left); with more workers than cores, a worker that needs work takes the
+longest unit that waits while the others compute on every core, and the longest that computes while
+the workers beyond the cores' count all wait. A stale record can only make the plan worse, never a
+test fail: every test still runs, each notebook's cells in order on one worker."""
 from __future__ import annotations
 
 import json
@@ -155,8 +156,46 @@ def format_costs(tests: dict[str, list[float]]) -> str:
             + ",\n".join(lines) + "\n }\n}\n")
 
 
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")  # cgroup v1's CPU accounting, where the machine has it
+
+
+class CgroupClock:
+    """The CPU seconds of every process started from this one (its threads included) since it
+    joined its own cgroup v1 `cpuacct` group: also processes that outlived their parent (a test
+    that SIGKILLs a command leaves its ranks to be reaped by init, and no rusage counts them).
+    `CgroupClock.open(name)` returns None where there is no such group to make (not root, no v1)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @classmethod
+    def open(cls, name: str) -> CgroupClock | None:
+        folder = CPUACCT / "workshop-test-costs" / name
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "cgroup.procs").write_text(str(os.getpid()))
+            clock = cls(folder)
+            clock.seconds()
+        except OSError:
+            return None
+        return clock
+
+    def seconds(self) -> float:
+        return int((self.folder / "cpuacct.usage").read_text()) / 1e9
+
+    def close(self) -> None:
+        """Back to the machine's group; the group goes once no process is left in it."""
+        try:
+            (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+            self.folder.rmdir()
+            self.folder.parent.rmdir()  # the last one out
+        except OSError:
+            pass
+
+
 def _cpu_seconds() -> float:
-    """This process's CPU seconds and its descendants': those reaped and those still running."""
+    """Without a CgroupClock: this process's CPU seconds and its descendants', those reaped and
+    those still running (not those that outlived their parent)."""
     import psutil
 
     own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -176,13 +215,16 @@ def _cpu_seconds() -> float:
 
 class CostRecorder:
     """`pytest --record-costs FILE` (`make test-costs`): each test's wall and CPU seconds (its
-    processes' included), in each worker's own file beside FILE, then, in the process that started the
-    run, FILE: the tests that took at least RECORD_AT_LEAST_S, as `load_costs` reads them."""
+    processes' included) and when it ended, in each worker's own file (in FILE.parts/, kept to read the
+    plan back), then, in the process that started the run, FILE: the tests that took at least
+    RECORD_AT_LEAST_S, as `load_costs` reads them."""
 
-    def __init__(self, path: Path, worker: str | None) -> None:
+    def __init__(self, path: Path, worker: str | None, cgroup: bool = True) -> None:
         self.path = path
         self.parts = path.with_name(path.name + ".parts")
         self.worker = worker
+        self.clock = CgroupClock.open(f"{os.getpid()}-{worker or 'main'}") if cgroup else None
+        self.cpu_seconds = self.clock.seconds if self.clock is not None else _cpu_seconds
 
     def pytest_sessionstart(self, session: Any) -> None:
         if self.worker is None:  # the run's own process: a fresh record
@@ -193,12 +235,16 @@ class CostRecorder:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: Any, nextitem: Any) -> Any:
-        wall, cpu = time.monotonic(), _cpu_seconds()
+        wall, cpu = time.monotonic(), self.cpu_seconds()
         yield
-        wall, cpu = time.monotonic() - wall, _cpu_seconds() - cpu
+        wall, cpu = time.monotonic() - wall, self.cpu_seconds() - cpu
         self.parts.mkdir(parents=True, exist_ok=True)
         with open(self.parts / f"{self.worker or 'main'}.tsv", "a") as part:
-            part.write(f"{item.nodeid}\t{wall:.1f}\t{cpu:.1f}\n")
+            part.write(f"{item.nodeid}\t{wall:.1f}\t{cpu:.1f}\t{time.time():.1f}\n")  # the end: when, to read the plan back
+
+    def pytest_unconfigure(self, config: Any) -> None:
+        if self.clock is not None:
+            self.clock.close()
 
     def pytest_sessionfinish(self, session: Any) -> None:
         if self.worker is not None:
@@ -206,10 +252,7 @@ class CostRecorder:
         tests: dict[str, list[float]] = {}
         for part in sorted(self.parts.glob("*.tsv")):
             for line in part.read_text().splitlines():
-                nodeid, wall, cpu = line.rsplit("\t", 2)
+                nodeid, wall, cpu, _end = line.rsplit("\t", 3)
                 if float(wall) >= RECORD_AT_LEAST_S:
                     tests[nodeid] = [float(wall), float(cpu)]
         self.path.write_text(format_costs(tests))
-        import shutil
-
-        shutil.rmtree(self.parts, ignore_errors=True)

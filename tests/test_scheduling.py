@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from conftest import notebook_group
 from scheduling import CostRecorder, load_costs, make_scheduler, unit_cost, waits
 
@@ -140,10 +142,10 @@ def test_without_a_record_the_units_go_in_the_order_collected():
 
 def test_the_recorder_keeps_the_slow_tests_for_the_scheduler_to_read(tmp_path):
     target = tmp_path / "costs.json"
-    main = CostRecorder(target, None)
+    main = CostRecorder(target, None, cgroup=False)
     main.pytest_sessionstart(None)
     for worker, nodeid in (("gw0", "tests/test_a.py::test_quick"), ("gw1", "tests/test_b.py::test_computes")):
-        recorder = CostRecorder(target, worker)
+        recorder = CostRecorder(target, worker, cgroup=False)
         item = SimpleNamespace(nodeid=nodeid)
         hook = recorder.pytest_runtest_protocol(item, None)
         next(hook)
@@ -160,14 +162,46 @@ def test_the_recorder_keeps_the_slow_tests_for_the_scheduler_to_read(tmp_path):
     wall, cpu = recorded["tests/test_b.py::test_computes"]
     assert cpu >= 2.1 and wall >= cpu
     assert json.loads(target.read_text())["cores"] >= 1
-    assert not (tmp_path / "costs.json.parts").exists()
+    assert len((tmp_path / "costs.json.parts" / "gw0.tsv").read_text().split("\t")) == 4  # with when it ended
+
+
+ORPHAN_CHECK = """
+import os, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+from scheduling import CgroupClock, _cpu_seconds
+clock = CgroupClock.open("selftest-%d" % os.getpid())
+if clock is None:
+    print("no-cgroup")
+    sys.exit(0)
+done = sys.argv[2]
+burn = "import time\\nend = time.process_time() + 1.0\\nwhile time.process_time() < end: pass\\nopen(%r, 'w').close()" % done
+before = clock.seconds(), _cpu_seconds()
+# a shell that starts a process in the background and exits: the process outlives its parent
+subprocess.run(["sh", "-c", '"$0" -c "$1" &', sys.executable, burn], check=True)
+while not os.path.exists(done):
+    time.sleep(0.05)
+time.sleep(0.2)
+print(clock.seconds() - before[0], _cpu_seconds() - before[1])
+clock.close()
+"""
+
+
+def test_the_cgroup_clock_counts_a_process_that_outlived_its_parent(tmp_path):
+    """Why the recorder measures in a cgroup where it can: a test that kills a command leaves its
+    processes to init, and rusage never counts them."""
+    out = subprocess.run([sys.executable, "-c", ORPHAN_CHECK, str(Path(__file__).parent), str(tmp_path / "done")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.strip() == "no-cgroup":
+        pytest.skip("no cgroup v1 cpuacct group can be made here (not root, or no v1): the recorder falls back to rusage")
+    in_cgroup, by_rusage = map(float, out.stdout.split())
+    assert in_cgroup >= 1.0, out.stdout
+    assert by_rusage < 0.5, out.stdout
 
 
 def test_the_suites_record_names_tests_that_exist():
     """A test renamed or removed leaves its line in tests/costs.json planning nothing: `make test-costs`
     writes it again. Most of the record must still name tests of the suite."""
-    from pathlib import Path
-
     recorded = load_costs()
     assert len(recorded) > 50
     root = Path(__file__).parent.parent

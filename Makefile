@@ -97,9 +97,10 @@ $(DEV_STAMP): requirements-dev.txt $(STAMP)
 	@touch $(DEV_STAMP)
 
 # Unit and multi-process tests, and every notebook top to bottom (nbval, local mode), on $(TEST_WORKERS)
-# workers: a notebook's cells and its sagemaker-mode run are one unit, on one worker, the notebooks first
-# (tests/conftest.py: notebook_group). Horovod first: from a cached or shared wheel at once, or its compile
-# started in the background (the tests that need it wait for it).
+# workers: a notebook's cells and its sagemaker-mode run are one unit, on one worker (tests/conftest.py:
+# notebook_group), in the order tests/scheduling.py plans from tests/costs.json (the longest first, a test
+# that mostly waits beside those that compute). Horovod first: from a cached or shared wheel at once, or its
+# compile started in the background (then xdist's order, the tests that need it last, waiting for it).
 test: setup $(DEV_STAMP)
 	$(BIN)/python -m ruff check workshop tests benchmarks $(wildcard [0-9]_*/code)
 	$(BYTECODE_ENV) $(BIN)/python -m pytest tests $(wildcard [0-9]_*/*.ipynb) --nbval-lax --nbval-current-env \

@@ -17,6 +17,7 @@ the workers beyond the cores' count all wait. A stale record can only make the p
 test fail: every test still runs, each notebook's cells in order on one worker."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -173,6 +174,10 @@ class CgroupClock:
         folder = CPUACCT / "workshop-test-costs" / name
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            for stale in folder.parent.iterdir():  # groups an earlier run left (its last processes ended after it)
+                if stale.is_dir() and stale != folder:
+                    with contextlib.suppress(OSError):  # a group still in use is busy: it stays
+                        stale.rmdir()
             (folder / "cgroup.procs").write_text(str(os.getpid()))
             clock = cls(folder)
             clock.seconds()

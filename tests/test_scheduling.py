@@ -169,10 +169,17 @@ ORPHAN_CHECK = """
 import os, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
 from scheduling import CgroupClock, _cpu_seconds
+stale = None
+try:  # a group an earlier run left behind, empty
+    stale = CgroupClock.open("stale-%d" % os.getpid()).folder
+    (stale.parent.parent / "cgroup.procs").write_text(str(os.getpid()))
+except (AttributeError, OSError):
+    pass
 clock = CgroupClock.open("selftest-%d" % os.getpid())
 if clock is None:
     print("no-cgroup")
     sys.exit(0)
+assert stale is not None and not stale.exists(), "an empty group of an earlier run was left"
 done = sys.argv[2]
 burn = "import time\\nend = time.process_time() + 1.0\\nwhile time.process_time() < end: pass\\nopen(%r, 'w').close()" % done
 before = clock.seconds(), _cpu_seconds()

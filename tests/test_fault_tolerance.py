@@ -256,31 +256,51 @@ def test_the_cli_kills_a_rank_on_another_host_and_the_run_recovers_exactly(tmp_p
     """`run data_parallel --hosts 2 --fault kill-rank=1@step=30 --max-restarts 1` on the local cluster, where
     each host has its own checkpoint folder (as SageMaker's hosts do), synced with --checkpoint-dir (the S3
     URI's stand-in): rank 1 dies on algo-2 after step 30, torchrun restarts both ranks, rank 0 resumes from
-    its step-20 checkpoint on algo-1 (the only host that has it) and sends it to rank 1, and knows exactly
-    what was lost (the fault record was written on the other host) and when it struck. The run ends with
-    the uninterrupted run's weights, bit for bit."""
-    def run(name: str, *extra: str) -> tuple[str, list[dict]]:
-        code = main(["run", "data_parallel", "--hosts", "2", "--data-dir", str(mnist_dir), "--verbose",
+    its step-20 checkpoint on algo-1 (the only host that has it), mid-epoch (the sampler skips the batches
+    done, every rank's RNG state restored), and sends it to rank 1, and knows exactly what was lost (the
+    fault record was written on the other host) and when it struck. The run ends with the uninterrupted
+    run's weights, bit for bit.
+
+    The two runs also show the command line's two faces: the faulted one with --verbose streams every
+    host's lines, the uninterrupted one without it shows a progress line, not a wall of logs (which it
+    keeps in logs/cluster.log)."""
+    def run(name: str, *extra: str) -> str:
+        code = main(["run", "data_parallel", "--hosts", "2", "--data-dir", str(mnist_dir),
                      "--workdir", str(tmp_path / name), *extra])
-        out = capsys.readouterr().out
-        assert code == 0, out[-4000:]
-        return out, metrics.parse_lines(out.splitlines())
+        captured = capsys.readouterr()
+        assert code == 0, (captured.out + captured.err)[-4000:]
+        return captured.out + captured.err
 
     store = tmp_path / "store"
-    out, faulted = run("faulted", "--fault", "kill-rank=1@step=30", "--max-restarts", "1", "--checkpoint-dir", str(store))
+    out = run("faulted", "--verbose", "--fault", "kill-rank=1@step=30", "--max-restarts", "1", "--checkpoint-dir", str(store))
+    faulted = metrics.parse_lines(out.splitlines())
+    assert "[algo-1/0] METRICS rank=0 " in out and "[progress]" not in out  # --verbose: the hosts' own lines
     assert "FAULT: killing rank 1 at step 30 (--fault kill-rank=1@step=30)" in out
     assert "resumed from /opt/ml/checkpoints/checkpoint.pt at step 20 (restart 1)" in out
+    assert "Resumed from /opt/ml/checkpoints/checkpoint.pt in epoch 1, after its batch 20 of 31." in out
     assert "10 step(s) to do again: the failed attempt had finished step 30 (its fault record)" in out
     [recovered] = [r for r in faulted if "resumed_step" in r]
     assert (recovered["resumed_step"], recovered["lost_steps"]) == (20, 10)
     assert 0 < recovered["recover_s"] < 120
     assert re.search(r"recovered 1 time\(s\): resumed at step 20, 10 step\(s\) redone, \d+\.\d s from the failure", out)
+    # each epoch evaluated once: the first attempt died before its first epoch ended
+    assert [r["step"] for r in faulted if "test_accuracy" in r and r.get("rank") == 0] == [31, 62, 93]
     [folder] = (tmp_path / "faulted" / "runs").iterdir()
     algo1, algo2 = (folder / host / "checkpoints" for host in ("algo-1", "algo-2"))
     assert (algo1 / "checkpoint.pt").is_file() and not (algo2 / "checkpoint.pt").exists()  # rank 0's, on algo-1
     assert (algo2 / "fault.json").is_file() and not (algo1 / "fault.json").exists()  # the dying rank's, on algo-2
     assert (store / "checkpoint.pt").read_bytes() == (algo1 / "checkpoint.pt").read_bytes()
-    _, plain = run("plain")
+
+    # Without --verbose: a few lines, the progress one with rank 0's latest numbers, no METRICS line.
+    lines = run("plain").splitlines()
+    assert len(lines) <= 6, lines
+    [progress] = [line for line in lines if line.startswith("[progress] data-parallel: 3/3 epoch(s)")]
+    assert re.search(r"step 93, loss [\d.]+, test acc 0\.[89]\d\d, [\d,]+ samples/s$", progress), progress
+    assert any("succeeded in" in line and "logs/cluster.log" in line for line in lines)
+    assert not any("METRICS" in line for line in lines)
+    log = next((tmp_path / "plain" / "runs").glob("*/logs/cluster.log")).read_text()
+    assert "METRICS rank=0 epoch=3 step=93 test_loss=" in log  # the full logs are kept
+    plain = metrics.parse_lines(log.splitlines())
 
     def final(records: list[dict], key: str):
         [value] = [r[key] for r in records if key in r and r.get("rank") == 0]

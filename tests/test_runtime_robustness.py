@@ -230,20 +230,6 @@ def test_a_data_dir_that_is_a_file_is_refused_with_a_fix(tmp_path, capsys, lab):
 
 # ----------------------------------------------------------------------------- foreign parameter-server scripts
 
-TF_CONVENTION = '''
-"""TensorFlow's own convention: the role from TF_CONFIG, no flags, nothing of the workshop."""
-import json
-import os
-
-import tensorflow as tf
-
-resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-if resolver.task_type in ("ps", "worker"):
-    tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
-                         protocol=resolver.rpc_layer or "grpc", start=True).join()
-STEPS = 6
-'''
-
 SCRIPT_MODE = '''
 """Script mode: argparse with only its own hyperparameters (strict: anything else is an error)."""
 import argparse
@@ -286,8 +272,11 @@ print(f"METRICS rank=0 steps_done={float(total.numpy())} workers={len(cluster['w
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("script", "steps"), [(TF_CONVENTION, 6), (SCRIPT_MODE, 4)], ids=["tf-config-only", "argparse"])
-def test_a_foreign_script_runs_unchanged_under_the_parameter_server_launcher(tmp_path, script, steps):
+def test_a_foreign_script_runs_unchanged_under_the_parameter_server_launcher(tmp_path):
+    """Script mode: a script that parses its flags strictly gets only its hyperparameters, on every task.
+    (A script that reads only TF_CONFIG and ignores its flags, TensorFlow's own convention, is TensorFlow's
+    parameter-server tutorial in tests/test_unmodified_scripts.py.)"""
+    script, steps = SCRIPT_MODE, 4
     code = tmp_path / "code"
     code.mkdir()
     (code / "train.py").write_text(script + COORDINATOR)

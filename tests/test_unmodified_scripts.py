@@ -66,8 +66,10 @@ def said(result: ClusterResult, rank: int, pattern: str) -> list[re.Match]:
 @pytest.mark.slow
 def test_tensorflow_parameter_server_tutorial_learns_its_role_from_tf_config(tmp_path):
     """TensorFlow's own parameter-server tutorial (custom training loop): its tasks wait on each
-    other's tensors, which with one inter-op thread per task hung at the first step."""
-    result = run(tmp_path, "tf_parameter_server", "train.py", ParameterServer(), {}, env=KERAS_2)
+    other's tensors, which with one inter-op thread per task hung at the first step. It reads its role
+    from TF_CONFIG alone, and never its command line: the flags a job's hyperparameters become do not
+    trouble it (a script that parses them strictly: tests/test_runtime_robustness.py)."""
+    result = run(tmp_path, "tf_parameter_server", "train.py", ParameterServer(), {"epochs": 4}, env=KERAS_2)
     epochs = said(result, 0, r"Finished epoch (\d+), accuracy is ([\d.]+)\.")
     assert [int(m[1]) for m in epochs] == [0, 1, 2, 3]
     assert said(result, 0, r"Final loss is [\d.]+")
@@ -76,6 +78,7 @@ def test_tensorflow_parameter_server_tutorial_learns_its_role_from_tf_config(tmp
     assert len(devices) == 2, devices
     started = [line for line in result.lines if re.search(r"\[ps_driver\] started (ps|worker|chief) \d", line)]
     assert len(started) == 2 * HOSTS  # a parameter server on every host, the coordinator and 2 workers
+    assert all(line.endswith("train.py --epochs 4") for line in started), started  # each given the flags
 
 
 @pytest.mark.slow

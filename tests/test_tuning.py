@@ -295,15 +295,15 @@ def test_ctrl_c_stops_every_trial_and_leaves_nothing_running(tmp_path, mnist_dir
             "from workshop.__main__ import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "tune", "data_parallel", "--param", "lr=0.01,0.02,0.04", "--parallel", "2",
-         "--hp", "epochs=20", "--workdir", str(tmp_path), "--data-dir", str(mnist_dir)],
+         "--hosts", "1", "--hp", "epochs=20", "--workdir", str(tmp_path), "--data-dir", str(mnist_dir)],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "TUNE_TEST_TOKEN": token})
     try:
         deadline = time.monotonic() + 300
         logs = []
         while len(logs) < 2 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)  # both running trials have training ranks up
-            logs = [p for p in tmp_path.glob("runs/tune-*/trial-*/run/logs/algo-2.log") if "METRICS" in p.read_text()]
+            time.sleep(0.5)  # both running trials (each a job of 1 host) have training ranks up
+            logs = [p for p in tmp_path.glob("runs/tune-*/trial-*/run/logs/algo-1.log") if "METRICS" in p.read_text()]
         assert len(logs) == 2, proc.stdout.read() if proc.poll() is not None else "trials never trained"
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=180)

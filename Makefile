@@ -31,7 +31,9 @@ SAGEMAKER_NOTEBOOK_METADATA := /opt/ml/metadata/resource-metadata.json
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist) for `make test`; 0 runs the tests in this process. Three, even on 2 cores:
 # many tests wait (rendezvous, hosts started apart, timeouts, the fake SageMaker's polls) more than they
-# compute; on 2 cores a whole run took 31 min of pytest with three, where two kept 1.6 cores busy.
+# compute; on 2 cores a whole run took 31 min of pytest with three, where two kept 1.6 cores busy. Four
+# kept both cores as busy and spent more CPU on the same tests (fighting over them): back to back from
+# fresh clones of one commit, 1,373 s of pytest and 42.3 CPU-min with four, 1,279 s and 39.1 with three.
 TEST_WORKERS ?= 3
 # ... and for `make test-fast`, whose tests mostly compute (imports, parsing): a third worker there cost
 # 10% more CPU for the same time (2 cores: 140-145 s with two, 139-143 s with three).

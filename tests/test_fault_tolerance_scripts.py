@@ -405,14 +405,12 @@ def test_each_attempt_meets_under_keys_of_its_own_in_torchruns_store(script, mon
     assert script.agreed_attempt(1, torch.device("cpu"), distributed=False) == 1
 
 
-# ----------------------------------------------------------------------------- killed mid-run (slow)
+# ----------------------------------------------------------------------------- a sharded checkpoint at another world size (slow)
 
 
-def run(cmd: list[str], cwd: Path, fault: str | None = None) -> subprocess.CompletedProcess:
+def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if k not in (FAULT, "GLOO_SOCKET_IFNAME") and not k.startswith("TORCHELASTIC_")}
-    if fault:
-        env[FAULT] = fault
     cwd.mkdir(parents=True, exist_ok=True)
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from workshop import REPO_ROOT
+from workshop import REPO_ROOT, teaching
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROBE_CODE = FIXTURES / "probe"
@@ -434,10 +434,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if str(item.path).endswith(".ipynb"):
             item.add_marker(pytest.mark.slow)
+            with_solution(item)
             if item.path.parent.name == HOROVOD_LAB_FOLDER:
                 item.add_marker(pytest.mark.horovod)
     items[:] = sorted(items, key=lambda item: (item.get_closest_marker("horovod") is not None,
                                                item.get_closest_marker("slow") is None))
+
+
+def with_solution(item: pytest.Item) -> None:
+    """An nbval cell tagged `exercise` runs its solution file instead of its placeholder (workshop/teaching.py):
+    the notebooks run with the solutions in place, and each check must pass (WORKSHOP_EXERCISES=solutions,
+    which the kernels inherit: `pytest_configure`), so a solution that stops being right fails here."""
+    cell = getattr(item, "cell", None)
+    if cell is not None:
+        solution = teaching.solved_source(item.path, cell)
+        if solution is not None:
+            cell.source = solution
 
 
 _SAGEMAKER_MODE_RUN = re.compile(r"^tests/test_notebooks_sagemaker_mode\.py::[^\[]+\[([^/\]]+)/([^/\]]+)\]$")
@@ -498,6 +510,8 @@ _HOROVOD_VERDICT = pytest.StashKey[tuple[str, str] | None]()
 
 def pytest_configure(config: pytest.Config) -> None:
     """`--record-costs FILE`: tests/scheduling.py's recorder, in the run's own process and each worker."""
+    # Every notebook kernel and check this session starts runs with the solutions in place (`with_solution`).
+    os.environ[teaching.STRICT_ENV] = "solutions"
     path = config.getoption(RECORD_COSTS)
     if path:
         from scheduling import CostRecorder

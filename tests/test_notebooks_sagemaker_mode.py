@@ -35,6 +35,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from workshop import teaching
+
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 NOTEBOOKS = sorted(REPO.glob("[0-9]_*/*.ipynb"))
@@ -150,7 +152,7 @@ def is_local_work(cell: nbformat.NotebookNode) -> bool:
 
 def _prepare(nb: nbformat.NotebookNode, key: str) -> nbformat.NotebookNode:
     """The notebook with the fake started first, `mode = "sagemaker"` and `confirm_cost = True` after
-    its parameters, and its local-work cells left out."""
+    its parameters, its local-work cells left out, and the solution of each exercise in its cell."""
     tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(tagged) == 1, f"{key}: expected one cell tagged 'parameters', found {len(tagged)}"
     start = _code(
@@ -178,6 +180,10 @@ def _prepare(nb: nbformat.NotebookNode, key: str) -> nbformat.NotebookNode:
         "injected-summary",
     )
     cells = [cell for cell in nb.cells if not is_local_work(cell)]
+    for cell in cells:  # the solutions in place, as nbval's run has them (conftest: with_solution)
+        solution = teaching.solved_source(REPO / f"{key}.ipynb", cell)
+        if solution is not None:
+            cell.source = solution
     cells.insert(cells.index(nb.cells[tagged[0]]) + 1, params)
     nb.cells = [start, *cells, summary]
     return nb

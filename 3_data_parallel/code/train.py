@@ -105,7 +105,8 @@ def main(argv=None) -> int:
     distributed = world_size > 1
     attempt = ddp_setup(backend, device, world_size)  # 0, or how many times torchrun --max-restarts restarted us
 
-    lr = args.lr * world_size if args.scale_lr else args.lr  # the global batch grows with the world size
+    # DDP: the global batch grows with the world size, so the learning rate does too (linear scaling rule, --scale-lr)
+    lr = args.lr * world_size if args.scale_lr else args.lr
     config = describe_run(args, rank, world_size, backend, why, device, threads, lr, len(train_set), len(test_set))
 
     model = Net().to(device)

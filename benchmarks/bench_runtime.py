@@ -50,7 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import load_average  # noqa: E402
 from sagemaker.train.distributed import Torchrun  # noqa: E402
 
-from workshop.runtime.local_cluster import LocalCluster, _free_port  # noqa: E402
+from workshop.runtime.local_cluster import LocalCluster  # noqa: E402
+from workshop.runtime.machine import free_port  # noqa: E402
 
 WORKER_DIR = Path(__file__).resolve().parent / "workers"
 WORKER = "hello_dist.py"
@@ -59,7 +60,7 @@ WAYS = ("bare torchrun", "process runtime", "container runtime")
 
 
 def bare(hosts: int, procs: int) -> float:
-    port = _free_port()
+    port = free_port()
     torchrun = str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     t0 = time.monotonic()

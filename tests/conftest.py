@@ -343,7 +343,7 @@ def _training_guard(item: pytest.Item) -> Iterator[None]:
 
     What counts as starting training (checked in this process, where the test runs):
 
-    - the local cluster starting its hosts: `workshop.runtime.local_cluster._Run._start`, which
+    - the local cluster starting its hosts: `workshop.runtime.supervisor.Supervisor._start`, which
       every `LocalCluster.run` reaches once its checks passed, so `run_local`, the fake
       SageMaker's jobs and lab 4's `measure` too (a run refused by its checks starts nothing and
       stays fast);
@@ -367,7 +367,7 @@ def _training_guard(item: pytest.Item) -> Iterator[None]:
     if item.get_closest_marker("slow"):
         yield
         return
-    from workshop.runtime import local_cluster
+    from workshop.runtime import supervisor
 
     violations: list[str] = []  # this phase's
 
@@ -387,7 +387,7 @@ def _training_guard(item: pytest.Item) -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(subprocess.Popen, "__init__", guarded_init)
-        run_class = getattr(local_cluster, "_Run", None)
+        run_class = getattr(supervisor, "Supervisor", None)
         if hasattr(run_class, "_start"):  # if renamed, the Popen check still sees the hosts' commands
             mp.setattr(run_class, "_start", lambda self, *a, **k: refuse("a LocalCluster run starting its hosts"))
         try:

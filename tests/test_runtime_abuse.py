@@ -29,7 +29,7 @@ from sagemaker.train.distributed import Torchrun
 
 from workshop import REPO_ROOT
 from workshop.errors import WorkshopError
-from workshop.runtime import local_cluster
+from workshop.runtime import machine
 from workshop.runtime.local_cluster import (
     MARKER,
     OVERSUBSCRIBE_ENV,
@@ -283,8 +283,8 @@ def test_a_host_whose_starter_is_already_gone_leaves_at_once(parent, alive):
 @pytest.fixture
 def small_machine(monkeypatch):
     """This machine as 2 cores and 16 GiB available, whatever it really has."""
-    monkeypatch.setattr(local_cluster, "_usable_cores", lambda: 2)
-    monkeypatch.setattr(local_cluster, "_available_memory_mb", lambda: 16 * 1024)
+    monkeypatch.setattr(machine, "usable_cores", lambda: 2)
+    monkeypatch.setattr(machine, "available_memory_mb", lambda: 16 * 1024)
     monkeypatch.delenv(OVERSUBSCRIBE_ENV, raising=False)
 
 
@@ -322,8 +322,8 @@ def test_far_more_processes_than_cores_is_refused_with_the_fix(tmp_path, small_m
 
 
 def test_more_memory_than_available_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(local_cluster, "_usable_cores", lambda: 64)
-    monkeypatch.setattr(local_cluster, "_available_memory_mb", lambda: 4 * 1024)
+    monkeypatch.setattr(machine, "usable_cores", lambda: 64)
+    monkeypatch.setattr(machine, "available_memory_mb", lambda: 4 * 1024)
     monkeypatch.delenv(OVERSUBSCRIBE_ENV, raising=False)
     with pytest.raises(WorkshopError, match=r"about 5\.3 GiB of memory .* with 4\.0 GiB available") as info:
         _probe_cluster(tmp_path, hosts=4, procs=2)

@@ -369,7 +369,7 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 
 def die_with_parent_from_start(sig: int) -> None:
     """`die_with_parent(sig)`, called by a started process itself, first thing, instead of in a
-    `preexec_fn` by the process that starts it (see `_Run._start` in local_cluster).
+    `preexec_fn` by the process that starts it (see `Supervisor._start` in workshop.runtime.supervisor).
 
     The parent passes its pid in PARENT_ENV. One that died before this ran (between our exec
     and now) sends no signal; we were adopted by another process then, which the pid shows, and

@@ -1,6 +1,6 @@
 # The workshop's commands. Every target sets up what it needs first (idempotent).
 #
-#   make setup      the environment (.venv), then Horovod for lab 2 from a cached or shared wheel, or its
+#   make setup      the environment (.venv, from lock/), then Horovod for lab 2 from a cached or shared wheel, or its
 #                   compile started in the background (python -m workshop horovod: its status)
 #   make workshop   set up, then run every lab locally and print a summary  (the main job; lab 2 last
 #                   when its Horovod build is still running, once it is done)
@@ -18,6 +18,8 @@
 #   make horovod    set up, build Horovod (or wait for the background build; again after a failed one),
 #                   then check the build: horovodrun --check-build and a 2-rank all-reduce per framework
 #   make clean      remove local runs and caches (keeps .venv and data/)
+#   make lock       lock/ again from requirements*.txt, after a change to them (each package kept where allowed)
+#   make upgrade    lock/ with the newest versions requirements*.txt allow: one reviewed commit
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -48,8 +50,30 @@ FAST_TEST_WORKERS ?= 2
 BYTECODE_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
 # Where torch's CPU build comes from (see the set-up below).
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# The lock (lock/, scripts/lock.py): every package the set-up installs, at one version, with the sha256 of each of
+# its files, for CPython 3.11 on Linux x86-64 (a notebook instance's and CI's), written by `make lock` from the
+# top-level files (requirements*.txt, short and commented), never by hand. pip installs it with --no-deps (it is
+# complete: nothing is resolved at set-up time, so a release of any package changes nothing here) and
+# --require-hashes (a file whose sha256 is not in the lock is refused, wherever pip found it). Elsewhere (a Mac,
+# another Python, ARM) the set-up installs the top-level files as pip resolves them that day, unlocked, and says so.
+LOCK := lock/installer.txt lock/torch.txt lock/environment.txt
+DEV_LOCK := lock/dev.txt
+# "yes" where the lock applies to $(PYTHON), else "no: why": asked only by a set-up that runs, and once (the first
+# use sets LOCK_HERE to the answer).
+LOCK_HERE = $(eval LOCK_HERE := $$(shell $$(PYTHON) scripts/lock.py applies))$(LOCK_HERE)
+LOCKED = $(filter yes,$(firstword $(LOCK_HERE)))
+PIP_INSTALL = $(BIN)/python -m pip install --quiet
+# The tool that writes the lock: uv, not pip-tools, because (1) it resolves for the lock's target (CPython 3.11,
+# Linux x86-64: --python-version, --python-platform) on whatever machine runs it, where pip-compile resolves for
+# the interpreter running it (on a Mac: Mac-only packages in, Linux-only ones out); (2) it reads PyPI alone, never
+# pip's configuration, so the hashes are those of PyPI's files, which a notebook instance and CI download (pip,
+# which also reads a machine's configured mirrors and wheel folders, checks whatever copy it takes against them;
+# pip-compile would hash the copies); (3) it is one pinned binary in a venv of its own (never in the workshop's
+# environment), tied to no pip version, and locks everything in seconds.
+UV_VERSION := 0.13.8
+LOCK_TOOLS := $(VENV)/lock-tools
 
-.PHONY: setup workshop test test-costs test-fast lab kernel bench bench-allreduce bench-strategies horovod clean
+.PHONY: setup workshop test test-costs test-fast lab kernel bench bench-allreduce bench-strategies horovod clean lock upgrade
 
 # Horovod 0.28.1 is source-only and needs patches for today's frameworks; only lab 2 uses it. After the
 # base set-up, `horovod_build start` installs it from an installed, cached or shared (WORKSHOP_WHEELHOUSE)
@@ -58,11 +82,14 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 setup: $(STAMP)
 	@$(BIN)/python -m workshop.horovod_build start
 
-# The base set-up: re-runs only when the requirements or pyproject.toml change (or .venv is gone).
-$(STAMP): requirements.txt requirements-no-deps.txt pyproject.toml
+# The base set-up: re-runs only when the requirements, the lock or pyproject.toml change (or .venv is gone). From
+# the lock: first pip and setuptools (the pip that installs the rest, the setuptools that builds DeepSpeed's sdist:
+# --no-build-isolation, so that no build fetches an unlocked setuptools), then torch, then the environment.
+$(STAMP): requirements.txt requirements-no-deps.txt pyproject.toml $(LOCK)
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "Python 3.11 or newer is needed, found %d.%d: set PYTHON=python3.11 (make PYTHON=python3.11 ...)" % v[:2])'
+	@$(if $(LOCKED),$(PYTHON) scripts/lock.py check,echo "Not locked: $(filter-out no:,$(LOCK_HERE)); installing requirements.txt as pip resolves it today")
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(PIP_INSTALL) $(if $(LOCKED),--no-deps --require-hashes -r lock/installer.txt,--upgrade "pip>=24")
 	@# requirements.txt moved from `tensorflow` to `tensorflow-cpu` (the same module, 0.6 GB smaller): in
 	@# a .venv made before, both would share one folder, so the old one goes first, with the Horovod
 	@# built against its headers (scripts/build_horovod.sh installs one built for tensorflow-cpu).
@@ -73,15 +100,18 @@ $(STAMP): requirements.txt requirements-no-deps.txt pyproject.toml
 	@if $(BIN)/python -m pip show scikit-learn >/dev/null 2>&1; then \
 		$(BIN)/python -m pip uninstall --quiet -y scikit-learn; fi
 	@# torch's CPU build: PyPI's Linux wheel is the CUDA build, which brings NVIDIA's CUDA libraries
-	@# (cuDNN, cuBLAS, NCCL, ...: gigabytes that a notebook instance's 5 GB volume has no room for). A
-	@# torch of the pinned version already installed (the CUDA build on a GPU machine: docs/laptop-and-gpu.md) stays.
+	@# (cuDNN, cuBLAS, NCCL, ...: gigabytes that a notebook instance's 5 GB volume has no room for); the lock
+	@# holds the CPU file's hash, so pip refuses PyPI's. A torch of the pinned version already installed (the
+	@# CUDA build on a GPU machine: docs/laptop-and-gpu.md) stays.
 	@# --retries 2: where that index's name does not resolve (a machine that reaches only PyPI, as CI's), pip's
 	@# default 5 retries back off for 7.5 s before it goes on with PyPI alone; 2 cost 0.5 s.
-	$(BIN)/python -m pip install --quiet --retries 2 --no-deps --extra-index-url $(TORCH_INDEX) "$$(grep -E '^torch==' requirements.txt)"
+	$(PIP_INSTALL) --retries 2 --no-deps --extra-index-url $(TORCH_INDEX) $(if $(LOCKED),--require-hashes -r lock/torch.txt,"$$(grep -E '^torch==' requirements.txt)")
 	@# --no-compile: Python compiles a module's bytecode when it is first imported; compiling every module
 	@# ahead took 0.5 GB, of which the labs import 0.2 GB (a notebook instance's volume is 5 GB).
-	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
-	$(BIN)/python -m pip install --quiet --no-compile --no-deps -r requirements-no-deps.txt
+	@# The environment from the lock in one call, nothing resolved; unlocked, requirements.txt with what it needs,
+	@# then requirements-no-deps.txt without.
+	$(PIP_INSTALL) --no-compile $(if $(LOCKED),--no-deps --require-hashes --no-build-isolation -r lock/environment.txt,-r requirements.txt)
+	$(if $(LOCKED),,$(PIP_INSTALL) --no-compile --no-deps -r requirements-no-deps.txt)
 	@# PYTHONWARNINGS: setuptools' editable-install warning is about a folder named like the package, which
 	@# is how this checkout is laid out on purpose (11 lines of set-up noise otherwise)
 	PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
@@ -94,8 +124,9 @@ workshop: setup
 # What only the tests and the linter need (requirements-dev.txt: moto's server, pytest, nbval, ruff), on
 # top of the set-up. An attendee's environment goes without it: it must fit a SageMaker notebook
 # instance's default 5 GB volume (scripts/simulate_notebook_instance.sh measures it).
-$(DEV_STAMP): requirements-dev.txt $(STAMP)
-	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+$(DEV_STAMP): requirements-dev.txt $(DEV_LOCK) $(STAMP)
+	@$(if $(LOCKED),$(PYTHON) scripts/lock.py check)
+	$(PIP_INSTALL) $(if $(LOCKED),--no-deps --require-hashes -r $(DEV_LOCK),-r requirements-dev.txt)
 	@touch $(DEV_STAMP)
 
 # Unit and multi-process tests, and every notebook top to bottom (nbval, local mode), on $(TEST_WORKERS)
@@ -171,3 +202,18 @@ horovod: setup
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache
+
+# The lock again, after a change to requirements*.txt (make setup and CI's tests/test_lock.py fail on a stale lock,
+# naming this): each package stays at its locked version where the top-level files still allow it. `make upgrade`:
+# every package (pip and setuptools too) at the newest version they allow, as one commit to review (it prints what
+# changed). Both need PyPI, and torch's CPU wheel from TORCH_INDEX (or where pip's configuration finds it).
+lock: $(LOCK_TOOLS)/.uv-$(UV_VERSION)
+	$(LOCK_TOOLS)/bin/python scripts/lock.py write --uv $(LOCK_TOOLS)/bin/uv --torch-index $(TORCH_INDEX)
+
+upgrade: $(LOCK_TOOLS)/.uv-$(UV_VERSION)
+	$(LOCK_TOOLS)/bin/python scripts/lock.py write --uv $(LOCK_TOOLS)/bin/uv --torch-index $(TORCH_INDEX) --upgrade
+
+$(LOCK_TOOLS)/.uv-$(UV_VERSION):
+	@test -x $(LOCK_TOOLS)/bin/python || $(PYTHON) -m venv $(LOCK_TOOLS)
+	$(LOCK_TOOLS)/bin/python -m pip install --quiet uv==$(UV_VERSION)
+	@touch $@

@@ -102,10 +102,10 @@ def test_the_cli_refuses_non_finite_values_before_anything_starts(args, capsys, 
     assert not (tmp_path / "runs").exists()
 
 
-# ----------------------------------------------------------------------------- a search ranks a NaN run failed
+# ----------------------------------------------------------------------------- a search ranks a NaN run diverged
 
 
-def test_a_trial_that_ends_on_a_nan_objective_ranks_failed_with_the_reason(tmp_path):
+def test_a_trial_that_ends_on_a_nan_objective_ranks_diverged_with_the_reason(tmp_path):
     """A trial whose run exited 0 with test_accuracy=nan (a script that trains on NaN) is not "ok", and is
     never the best: NaN compares neither better nor worse than a real value."""
     from workshop.search import Objective, SearchSpace
@@ -120,11 +120,11 @@ def test_a_trial_that_ends_on_a_nan_objective_ranks_failed_with_the_reason(tmp_p
         _write_json(trial.folder / "result.json", {"returncode": 0, "final": {"test_accuracy": accuracy}, "records": []})
         _collect(trial, 0, 12.0, goal)
     diverged, fine = trials
-    assert diverged.status == "failed" and "test_accuracy is nan: the training diverged" in diverged.failure
+    assert diverged.status == "diverged" and "test_accuracy is nan: the training diverged" in diverged.failure
     assert fine.status == "ok"
     result = TuneResult(LAB3, goal, SearchSpace.parse(LAB3, ["lr=1e9,0.02"]), trials, "local", folder=tmp_path)
     assert result.best is fine and result.failed == [diverged]
-    assert "failed: test_accuracy is nan" in result.table()
+    assert "diverged: test_accuracy is nan" in result.table() and "1 ok, 1 not (1 diverged)" in result.summary()
 
 
 # ----------------------------------------------------------------------------- lab 3: one checkpoint, verified
@@ -358,7 +358,8 @@ def test_lab4_a_damaged_checkpoint_is_reported_and_the_older_intact_one_resumed(
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         out = proc.stdout
         assert f"The checkpoint {ckpt / 'step-6'} is damaged: {why}" in out, out[-3000:]
-        assert f"Resuming from the older checkpoint {ckpt / 'step-3'} instead, the newest intact one." in out
+        assert (f"Training resumes from the older checkpoint {ckpt / 'step-3'} instead, the newest intact one."
+                in out)
         assert f"resumed from {ckpt / 'step-3'} at step 3 (restart 0)" in out
         assert f"Removed what an earlier run left unfinished in {ckpt}: step-7.partial/." in out
         again = losses(proc)
@@ -422,7 +423,7 @@ def test_a_nan_loss_stops_every_rank_before_it_is_checkpointed(lab, tmp_path, ch
 
 
 @pytest.mark.slow
-def test_a_trial_at_lr_1e9_fails_with_the_reason(tmp_path, mnist_dir, capsys):
+def test_a_trial_at_lr_1e9_is_diverged_with_the_reason(tmp_path, mnist_dir, capsys):
     """Before: the trial trained on NaN loss and was ranked "ok" at accuracy 0.10."""
     code = main(["tune", "data_parallel", "--param", "lr=1e9", "--hosts", "1", "--parallel", "1", "--no-plot",
                  "--hp", "epochs=1", "--hp", "max-steps=6", "--hp", "log-interval=1", "--data-dir", str(mnist_dir),
@@ -431,9 +432,9 @@ def test_a_trial_at_lr_1e9_fails_with_the_reason(tmp_path, mnist_dir, capsys):
     assert code == 1, out[-3000:]
     [search] = (tmp_path / "runs").glob("tune-*")
     [trial] = json.loads((search / "tune.json").read_text())["trials"]
-    assert trial["status"] == "failed", trial
+    assert trial["status"] == "diverged", trial
     assert "Training diverged: the loss was nan at global step" in trial["failure"], trial["failure"]
-    assert "trial 1/1 FAILED" in out and "0 ok, 1 not" in out and "best:" not in out
+    assert "trial 1/1 DIVERGED" in out and "0 ok, 1 not (1 diverged)" in out and "best:" not in out
 
 
 @pytest.mark.slow
@@ -497,7 +498,7 @@ def test_lab1_a_damaged_checkpoint_is_passed_over_for_the_older_one(tmp_path, ch
     text = "\n".join(second.lines)
     assert "The checkpoint /opt/ml/checkpoints/ckpt-20 is damaged: TensorFlow cannot read it (DATA_LOSS:" in text, text[-3000:]
     assert "Checksum does not match" in text
-    assert "Resuming from the older checkpoint /opt/ml/checkpoints/ckpt-10 instead, the newest intact one." in text
+    assert "Training resumes from the older checkpoint /opt/ml/checkpoints/ckpt-10 instead, the newest intact one." in text
     assert "Resumed from /opt/ml/checkpoints/ckpt-10 at step 10." in text
     assert [r["step"] for r in second.records if "test_accuracy" in r] == [20, 30]
     assert sorted(p.name for p in store.glob("ckpt-*.index")) == ["ckpt-20.index", "ckpt-30.index"]

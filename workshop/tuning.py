@@ -72,6 +72,11 @@ SEARCH_IN_USE_FIX = ("wait for that search to end (or stop it), or leave workdir
                      "of its own; CLI: --workdir DIR puts them under DIR/runs) or pass another one.")
 
 
+# The labs' scripts end a run whose training diverged on a line that starts so (their `Divergence`: a loss that
+# is not finite, or a hundred times an untrained model's): the trial is "diverged", apart from the ok ones.
+DIVERGED = "Training diverged:"
+
+
 def say(message: str) -> None:
     print(f"[tune] {message}", flush=True)
 
@@ -82,7 +87,7 @@ class Trial:
 
     index: int  # 1-based, in the order the search lists them
     hyperparameters: dict[str, str]  # the searched ones, as text
-    status: str = "waiting"  # waiting, running, ok, failed, stopped
+    status: str = "waiting"  # waiting, running, ok, diverged, failed, stopped
     metric: float | None = None  # the objective's final value
     wall_s: float | None = None
     failure: str | None = None
@@ -141,7 +146,7 @@ class TuneResult:
                 *[t.hyperparameters.get(n, "") for n in self.space.names],
                 "-" if t.metric is None else f"{t.metric:.4f}",
                 "-" if t.wall_s is None else f"{t.wall_s:.1f} s",
-                t.status if t.status == "ok" or not t.failure else f"{t.status}: {_short(t.failure)}",
+                t.status if t.status == "ok" or not t.failure else f"{t.status}: {_short(_why(t))}",
             ])
         return out
 
@@ -160,7 +165,7 @@ class TuneResult:
         best = self.best
         where = f"tuning job {self.tuning_job}" if self.tuning_job else f"{self.folder}"
         head = (f"{len(self.trials)} trial(s) of {self.lab.key} ({self.layout}), {self.mode}: "
-                f"{sum(t.status == 'ok' for t in self.trials)} ok, {len(self.failed)} not; {where}")
+                f"{sum(t.status == 'ok' for t in self.trials)} ok, {len(self.failed)} not{_diverged(self.trials)}; {where}")
         if best is None:
             return head + "\nno trial finished with a value of " + self.objective.metric
         return (head + f"\nbest: trial {best.index} ({best.label()}): {self.objective.metric} = {best.metric:.4f} "
@@ -229,6 +234,19 @@ def _same(a: str | None, b: str) -> bool:
         return float(a) == float(b)
     except ValueError:
         return a == b
+
+
+def _why(trial: Trial) -> str:
+    """Why a trial is not ok, in its words: a diverged one's from the script's own line on."""
+    failure = trial.failure or ""
+    if trial.status == "diverged" and DIVERGED in failure:
+        return failure.split(DIVERGED, 1)[1].strip()
+    return failure
+
+
+def _diverged(trials: list[Trial]) -> str:
+    n = sum(t.status == "diverged" for t in trials)
+    return f" ({n} diverged)" if n else ""
 
 
 def _short(text: str, width: int = 90) -> str:
@@ -508,7 +526,8 @@ def _run_trials(lab, result: TuneResult, base, hosts, procs, data_dir, shares) -
                     value = "no value" if trial.metric is None else f"{result.objective.metric}={trial.metric:.4f}"
                     note(f"trial {trial.index}/{total} ok in {trial.wall_s:.1f} s: {value} ({left})")
                 else:
-                    note(f"trial {trial.index}/{total} FAILED after {trial.wall_s:.1f} s ({left}): {trial.failure}",
+                    note(f"trial {trial.index}/{total} {'DIVERGED' if trial.status == 'diverged' else 'FAILED'} after "
+                         f"{trial.wall_s:.1f} s ({left}): {trial.failure}",
                          always=True)
                     note(f"  its logs: {trial.folder}", always=True)
                 if display is not None:
@@ -567,16 +586,17 @@ def _collect(trial: Trial, returncode: int, wall_s: float, objective: Objective)
     trial.records = data.get("records") or []
     trial.metric = trial.final.get(objective.metric)
     if data.get("returncode") == 0 and trial.metric is not None and not math.isfinite(trial.metric):
-        # A run that ended "well" on a NaN (or infinite) objective diverged: it ranks as failed, with
-        # why; a NaN would otherwise compare as neither better nor worse, and could be reported best.
-        trial.status = "failed"
+        # A run that ended "well" on a NaN (or infinite) objective diverged: it is not ok, with why;
+        # a NaN would otherwise compare as neither better nor worse, and could be reported best.
+        trial.status = "diverged"
         trial.failure = (f"{objective.metric} is {trial.metric}: the training diverged (a NaN or infinite "
                          "loss); try a lower learning rate")
     elif data.get("returncode") == 0:
         trial.status = "ok"
     else:
-        trial.status = "stopped" if data.get("returncode") == 130 else "failed"
         trial.failure = data.get("failure") or f"exit status {data.get('returncode')}"
+        trial.status = ("stopped" if data.get("returncode") == 130 else "diverged" if DIVERGED in trial.failure
+                        else "failed")
 
 
 def _stop(running: dict[int, tuple[Trial, subprocess.Popen, float]], why: str = "Ctrl-C") -> None:

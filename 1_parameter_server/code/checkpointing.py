@@ -33,7 +33,7 @@ def list_checkpoints(tf, directory: str) -> list[tuple[int, str]]:
 def resume(tf, checkpoint, directory: str, io) -> set[str]:
     """Restore `checkpoint` from the newest checkpoint in `directory` that TensorFlow can read, if any; the
     prefixes of those found damaged, which are passed over. Exits (exit_with) when every one is damaged."""
-    damaged: set[str] = set()  # checkpoints found damaged: never resumed from, never counted as one to keep
+    damaged: dict[str, str] = {}  # checkpoints found damaged, and why: never resumed from, never counted as one to keep
     saved = list_checkpoints(tf, directory)
     for _, prefix in reversed(saved):  # the newest first; an older intact one if it is damaged
         try:
@@ -42,21 +42,23 @@ def resume(tf, checkpoint, directory: str, io) -> set[str]:
             # TensorFlow checks each tensor's CRC32C as it reads it: damaged bytes fail here.
             checkpoint.read(prefix, options=io).assert_existing_objects_matched().expect_partial()
         except Exception as exc:  # whatever a damaged or cut-short checkpoint raises: it cannot be used
-            print(f"The checkpoint {prefix} is damaged: TensorFlow cannot read it ({restore_error(exc)}). Training does "
-                  "not resume from it.", flush=True)
-            damaged.add(prefix)
+            damaged[prefix] = restore_error(exc)
             continue
-        if damaged:
-            print(f"Resuming from the older checkpoint {prefix} instead, the newest intact one.", flush=True)
+        # Each one passed over, in one line marked NOTE: the workshop shows it beside its progress display.
+        for passed, why in damaged.items():
+            print(f"NOTE: The checkpoint {passed} is damaged: TensorFlow cannot read it ({why}). Training resumes "
+                  f"from the older checkpoint {prefix} instead, the newest intact one.", flush=True)
         print(f"Resumed from {prefix} at step {int(checkpoint.step.numpy())}.", flush=True)
         break
     else:
         if damaged:
             exit_with(
-                f"No intact checkpoint to resume from in {directory} ({', '.join(sorted(damaged))}). Fix: move "
+                f"No intact checkpoint to resume from in {directory} ("
+                + "; ".join(f"{prefix}: TensorFlow cannot read it ({why})" for prefix, why in sorted(damaged.items()))
+                + "). Fix: move "
                 "the damaged checkpoint(s) (their .index and .data-* files) out of it (or delete them) to train from "
                 "the start, or pass another --checkpoint-dir.")
-    return damaged
+    return set(damaged)
 
 
 def checkpoint_writer(tf, checkpoint, directory: str, io, damaged: set[str]):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -164,8 +165,13 @@ def clean_stale(checkpoint_dir: str | Path) -> list[str]:
 class Divergence:
     """Stops a run whose training diverged, before it writes a checkpoint of it.
 
+    Diverged: a loss that is not finite, or (given `classes`) a loss more than TIMES (100) times an untrained
+    model's, the cross-entropy of a uniform guess over `classes`, ln(classes) (2.3 for ten digits): weights
+    that blew up, whatever they do next (lab 3 at --lr 100: 6.4e+20 at step 5, then 300-490 to the end, at
+    chance, never NaN). A healthy start stays well below it (lab 3 at --lr 0.4: 22 at most).
+
     Every rank calls `note(loss, step)` after each step: it records the first global step whose loss on
-    this rank was not finite, on the device, without waiting for it. Every rank calls `check(step)` at the
+    this rank diverged, on the device, without waiting for it. Every rank calls `check(step)` at the
     same points (a log line, before a checkpoint, at an epoch's end): one all-reduce tells every rank
     each rank's first bad step, and if there is one, every rank stops (exit_with) with the same message:
     the step, the rank, the loss, and `fix`. `weights=` the model about to be saved: its parameters
@@ -173,14 +179,22 @@ class Divergence:
     led to it was still finite. `sum_over_ranks(tensor)` returns the tensor summed over every rank (an
     all-reduce: torch.distributed's, or Horovod's)."""
 
-    def __init__(self, device: torch.device, rank: int, world_size: int, sum_over_ranks, fix: str):
+    TIMES = 100
+
+    def __init__(self, device: torch.device, rank: int, world_size: int, sum_over_ranks, fix: str,
+                 classes: int | None = None):
         self.rank, self.world_size, self.sum_over_ranks, self.fix = rank, world_size, sum_over_ranks, fix
+        self.classes = classes
+        self.untrained = math.log(classes) if classes else None  # an untrained model's loss
         self.first = torch.zeros((), dtype=torch.float64, device=device)  # first bad step (0: none)
-        self.value = torch.zeros((), dtype=torch.float64, device=device)  # its loss (nan, inf or -inf)
+        self.value = torch.zeros((), dtype=torch.float64, device=device)  # its loss (nan, inf, -inf or too high)
 
     def note(self, loss: torch.Tensor, step: int) -> None:
         loss = loss.detach().to(torch.float64)
-        new = (self.first == 0) & ~torch.isfinite(loss)
+        bad = ~torch.isfinite(loss)
+        if self.untrained is not None:
+            bad = bad | (loss > self.TIMES * self.untrained)
+        new = (self.first == 0) & bad
         self.first = torch.where(new, float(step), self.first)
         self.value = torch.where(new, loss, self.value)
 
@@ -203,7 +217,10 @@ class Divergence:
             what = (f"rank {rank}'s weights were not finite after global step {int(weights_at)}, while its loss "
                     "still was")
         else:
-            what = f"the loss was {value} at global step {int(first)} on rank {rank}"
+            what = f"the loss was {value:g} at global step {int(first)} on rank {rank}"
+            if math.isfinite(value):
+                what += (f", {value / self.untrained:.3g} times an untrained model's ({self.untrained:.2g}, a uniform "
+                         f"guess over {self.classes} classes)")
             others = [f"rank {r} at step {int(f)}" for f, r, _, w in bad if not w and r != rank]
             if others:
                 what += f" (and on {', '.join(others)})"

@@ -98,9 +98,9 @@ def main(argv=None) -> int:
     step = (start_epoch - 1) * len(loader)
     profiler = StepProfiler(args.profile_steps, args.output_dir, rank)  # --profile-steps (0: off)
     horovod_profile = HorovodProfile(hvd, profiler)  # Horovod's timeline of the profiled steps
-    # every rank's first non-finite loss, summed over the ranks: a NaN on one rank stops them all
+    # every rank's first diverged loss (NaN, or 100x a guess's), summed over the ranks: one rank's stops them all
     diverged = Divergence(device, rank, size, lambda t: hvd.allreduce(t, op=hvd.Sum, name="divergence"),
-                          lower_lr_fix(args, size, lr))
+                          lower_lr_fix(args, size, lr), classes=10)
     test_loss = test_acc = float("nan")
     for epoch in range(start_epoch, args.epochs + 1):
         sampler.set_epoch(epoch)  # Horovod: a new shuffle each epoch, the same on every rank

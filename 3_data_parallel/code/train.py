@@ -128,7 +128,7 @@ def main(argv=None) -> int:
                                                     args.epochs, args.batch_size, per_epoch)
     restarts = Restarts(args.fault, rank, ckpt_dir, attempt, recovery, step)  # --fault, and the recovery's report
     profiler = StepProfiler(args.profile_steps, args.output_dir, rank)  # --profile-steps (0: off)
-    diverged = Divergence(device, rank, world_size, lambda t: dist.all_reduce(t) or t, divergence_fix(args, world_size))
+    diverged = Divergence(device, rank, world_size, lambda t: dist.all_reduce(t) or t, divergence_fix(args, world_size), classes=10)
     test_loss = test_acc = float("nan")
     for epoch in range(start_epoch, args.epochs + 1):
         sampler.set_epoch(epoch)  # DDP: a new shuffle each epoch, the same on every rank

@@ -136,8 +136,8 @@ def main(argv=None) -> int:
     step_times, measured = [], {}
     start, last_loss, recovery = resume(args, model, optimizer, gen, rank, world_size, attempt)  # --checkpoint-every
     restarts = Restarts(args, rank, attempt, recovery, start)  # --fault, and the recovery's report
-    # NaN or inf losses stop every rank: a sum over the ranks of every rank's first one (see Divergence)
-    diverged = Divergence(device, rank, world_size, lambda t: dist.all_reduce(t) or t, divergence_fix(args))
+    # NaN, inf or 100x a uniform guess's losses stop every rank: a sum over the ranks of each one's first (Divergence)
+    diverged = Divergence(device, rank, world_size, lambda t: dist.all_reduce(t) or t, divergence_fix(args), classes=VOCAB)
     profiler = StepProfiler(args.profile_steps, args.output_dir, rank)  # --profile-steps (0: off)
     profiler.start(1)
     for step in range(start + 1, args.steps + 1):

@@ -5,9 +5,14 @@ print summaries of their own; whichever traceback printed first is often a conse
 report reads the launchers' own records of how each rank ended (`rank_ends`: torchrun's agent and
 its "Root Cause" summary, the workshop's Horovod and parameter-server drivers) and names the rank
 that failed first ("Rank 1 on algo-2 was killed by SIGKILL (signal 9)."), with its own last lines
-or traceback; its peers' lost-connection errors follow as consequences ("Then: ..."). A rank that
-failed waiting for a peer is preceded by the peer it waited for (`workshop.runtime.stalls`); a full
-disk is said in one line naming the folder (`disk_full_failure`).
+or traceback; its peers' lost-connection errors follow as consequences ("Then: ..."). A launcher
+killed by a signal is named too, from the record of the process that started it: torchrun's agent
+from the SDK's driver's ("Command failed with exit code -9"), the driver from sm_train.sh's ("An
+error occurred with exit code 137"). A process killed by SIGKILL while the kernel's out-of-memory
+killer ended processes of the run is named as a memory kill, with the limit and the fix
+(`workshop.runtime.machine.MemoryKills`). A rank that failed waiting for a peer is preceded by the
+peer it waited for (`workshop.runtime.stalls`); a full disk is said in one line naming the folder
+(`disk_full_failure`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from workshop.runtime.folders import (
     remove_half_written,
     size_of,
 )
+from workshop.runtime.machine import MemoryKills
 from workshop.runtime.results import HostResult
 from workshop.runtime.stalls import StallWatch
 from workshop.runtime.streams import Transcript, bare, who
@@ -54,6 +60,15 @@ _TORCHRUN_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d+) \(local_rank: \d+\)")
 _TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*: (?P<code>-?\d+)")
 _HVD_RANK = re.compile(r"\[hvd_driver\] ERROR: rank (?P<rank>\d+) exited with status (?P<code>-?\d+)")
 _PS_END = re.compile(r"\[ps_driver\] (?:ERROR: )?the (?P<role>coordinator|parameter server) exited with status (?P<code>-?\d+)")
+# One level up, how the processes that start the ranks ended, in the records of the processes that started them:
+#   the SDK's drivers, of the command they run (torchrun, mpirun, or the script itself):
+#                                             "Executing command: torchrun --nnodes=2 ..." ... "Command failed with exit code -9. ..."
+#   sm_train.sh, of the driver it runs (its `set -x` trace names it; bash's status for a signal is 128 + it):
+#                                             "++ /usr/bin/python3 /opt/ml/.../torchrun_driver.py" ... "An error occurred with exit code 137"
+_DRIVER_COMMAND = re.compile(r"^Executing command: (?P<command>.+)$")
+_COMMAND_FAILED = re.compile(r"^Command failed with exit code (?P<code>-?\d+)")
+_SHELL_RAN = re.compile(r"^\++ .*?(?P<script>[^/\s]+\.py)\b")
+_SHELL_ERROR = re.compile(r"^An error occurred with exit code (?P<code>\d+)$")
 # The line that says what ended a rank: an exception's (the last line of a traceback) or argparse's.
 _ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)\b|\S+: error: )")
 # What a rank's error says when a collective, a rendezvous or a store waited too long for a peer
@@ -76,11 +91,12 @@ class RankEnd:
     role: str = ""  # "the coordinator" (lab 1)
     lines: list[str] = field(default_factory=list, repr=False)  # its own last lines, tagged
     consequence: bool = False  # it lost a peer (its error says so), or the stop ended it
+    process: str = ""  # a process that is no rank, in words: "torchrun's agent"; "": the parameter server
 
     @property
     def who(self) -> str:
         if not self.rank:
-            return f"the parameter server on {self.host}"
+            return f"{self.process or 'the parameter server'} on {self.host}"
         return f"rank {self.rank} on {self.host}" + (f" ({self.role})" if self.role else "")
 
     @property
@@ -92,13 +108,32 @@ class RankEnd:
         return f"exited with status {self.code}"
 
 
-def _sigkill_cause(lines: list[str]) -> str:
-    """What a SIGKILL most likely was: the fault the labs' scripts inject on purpose (`--fault`), when
-    the killed rank announced it, else the kernel's out-of-memory killer."""
+def _sigkill_cause(lines: list[str], memory: MemoryKills | None) -> str:
+    """What a SIGKILL was: the fault the labs' scripts inject on purpose (`--fault`), when the killed rank
+    announced it, else what the kernel's out-of-memory killer did to the run (`memory`: None, not known)."""
     injected = [line for line in lines if _FAULT_LINE.search(line)]
     if injected:
         return f"(The injected fault: {_FAULT_LINE.search(injected[-1]).group(0)}; --max-restarts K lets the job heal.)"
-    return "(SIGKILL from outside the job often means the machine ran out of memory.)"
+    return (memory or MemoryKills(None, 0, "")).cause()
+
+
+def _memory_kill(code: int | None, lines: list[str], memory: MemoryKills | None) -> bool:
+    """A process ended by SIGKILL (`code`) while the kernel's out-of-memory killer ended processes of the run,
+    and not by the fault a lab's script injected."""
+    return (code == -signal.SIGKILL and memory is not None and bool(memory.count)
+            and not any(_FAULT_LINE.search(line) for line in lines))
+
+
+def _launched(command: str | None) -> str:
+    """The process a driver's command starts, in words."""
+    words = (command or "").split()
+    program = Path(words[0]).name if words else ""
+    if program == "torchrun":
+        return "torchrun's agent"
+    if program.startswith("python"):
+        script = next((Path(w).name for w in words[1:] if w.endswith(".py")), "")
+        return f"the training script ({script})" if script else "the training script"
+    return program or "the driver's command"
 
 
 def _signal_name(number: int) -> str:
@@ -143,11 +178,14 @@ def _last_error(lines: list[str], limit: int = 300) -> str:
 
 
 def describe_failure(transcript: Transcript, hosts: list[HostResult], procs_per_host: int, failed: int, code: int,
-                     ended_before_stop: dict[str, int], watch: StallWatch) -> str:
+                     ended_before_stop: dict[str, int], watch: StallWatch, memory: MemoryKills | None = None,
+                     first_process: str = "") -> str:
     """The failure report of a run whose host `hosts[failed]` was seen to fail first (with `code`):
     which rank failed first and how, then what followed from it. `ended_before_stop`: the exit
     status of each host that had ended when the stop began, by name; `watch`: the run's stall watch,
-    which knows who stopped answering.
+    which knows who stopped answering; `memory`: what the kernel's out-of-memory killer did to the run
+    (None: not known); `first_process`: what each host's first process is, in words (the process
+    runtime's is the driver).
 
     From the launchers' own records of how their ranks ended (`rank_ends`), not from
     whichever traceback printed first: a rank killed by a signal prints none, while the
@@ -159,17 +197,19 @@ def describe_failure(transcript: Transcript, hosts: list[HostResult], procs_per_
     """
     ends = rank_ends(transcript, hosts, procs_per_host)
     if not any(e.code is not None for e in ends):  # no launcher recorded a rank (basic script driver)
-        return _describe_host_failure(transcript, hosts[failed], code)
+        return _describe_host_failure(transcript, hosts[failed], code, memory, first_process)
     stop_line = transcript.stop_line
     before_stop = [e for e in ends if stop_line is None or e.seen < stop_line] or ends
     # A launcher's record first (it also knows a signal); a rank that lost its peer last.
     root, *rest = sorted(before_stop, key=lambda e: (e.consequence, e.code is None, e.seen))
     error = _last_error(root.lines) if root.code is None or root.code >= 0 else ""
-    first = f"{root.who[0].upper()}{root.who[1:]} {'lost its peer and ' if root.consequence else ''}{root.how}"
+    how = ("was killed by the kernel's out-of-memory killer (SIGKILL, signal 9)"
+           if _memory_kill(root.code, root.lines, memory) else root.how)
+    first = f"{root.who[0].upper()}{root.who[1:]} {'lost its peer and ' if root.consequence else ''}{how}"
     waited = watch.waited_for(root.host, root.rank, bool(_TIMED_OUT.search(error)), procs_per_host)
     message = waited + [first + (f": {error}" if error else ".")]
     if root.code == -signal.SIGKILL:
-        message.append(_sigkill_cause(root.lines))
+        message.append(_sigkill_cause(root.lines, memory))
     if ended_before_stop.get(root.host):
         message.append(f"Host {root.host} failed ({_status(ended_before_stop[root.host])}); the other hosts were stopped.")
     else:
@@ -200,9 +240,27 @@ def rank_ends(transcript: Transcript, hosts: list[HostResult], procs_per_host: i
     ends: dict[tuple[str, str], RankEnd] = {}
     for host in hosts:
         in_root, root_rank = False, None  # inside torchrun's "Root Cause" block, its rank
-        for n, line in transcript.tails.get((host.name, ""), ()):
+        command, ran, driver_said = None, None, False  # the SDK driver's command; what sm_train.sh ran last
+        own_lines = list(transcript.tails.get((host.name, ""), ()))
+        for k, (n, line) in enumerate(own_lines):
             text = line.split("] ", 1)[-1]
             found = None
+            launcher_end = None  # (exit status or minus a signal, who recorded it, the process), before the stop
+            if m := _DRIVER_COMMAND.match(text):
+                command = m["command"]
+            elif m := _COMMAND_FAILED.match(text):
+                driver_said = True
+                if int(m["code"]) < 0:  # a signal ended the driver's command: the launcher itself, not a rank
+                    launcher_end = (int(m["code"]), "the SDK's driver", _launched(command))
+            elif (m := _SHELL_ERROR.match(text)) and 128 < int(m["code"]) <= 128 + 64 and not driver_said:
+                # a signal ended what sm_train.sh ran (and not a command of the driver's that the driver reported)
+                launcher_end = (128 - int(m["code"]), "sm_train.sh", f"the driver ({ran})" if ran else "the driver")
+            elif m := _SHELL_RAN.match(text):
+                ran = m["script"]
+            if launcher_end and (stop_line is None or n < stop_line):
+                code, launcher, process = launcher_end
+                ends.setdefault((host.name, process), RankEnd(host.name, "", code, n, launcher, "",
+                                                              [t for _, t in own_lines[: k + 1]], process=process))
             if m := _TORCHRUN_AGENT.search(text):
                 local = int(m["local"])
                 found = (str(host.host_rank * procs_per_host + local), int(m["code"]), "torchrun", "")
@@ -249,10 +307,15 @@ def _own_lines(transcript: Transcript, host: HostResult, rank: str) -> list[str]
             if line.split("] ", 1)[-1].startswith(tag)]
 
 
-def _describe_host_failure(transcript: Transcript, host: HostResult, code: int) -> str:
-    """The report without launcher records: the failed host, and the first traceback."""
+def _describe_host_failure(transcript: Transcript, host: HostResult, code: int, memory: MemoryKills | None = None,
+                           first_process: str = "") -> str:
+    """The report without launcher records: the failed host, and the first traceback. A host whose first
+    process (`first_process`) the kernel's out-of-memory killer took says so first."""
     how = f"exit status {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
     message = f"Host {host.name} failed ({how}); the other hosts were stopped."
+    if first_process and _memory_kill(code, transcript.lines, memory):
+        message = (f"{first_process[0].upper()}{first_process[1:]} on {host.name} was killed by the kernel's "
+                   f"out-of-memory killer (SIGKILL, signal 9).\n{message}")
     found = _root_traceback(transcript)
     if found:
         where, lines = found
@@ -260,8 +323,9 @@ def _describe_host_failure(transcript: Transcript, host: HostResult, code: int) 
     else:
         tail = [line for _, line in transcript.tails.get((host.name, ""), [])][-20:]
         message += "\nLast lines from that host:\n" + "\n".join(tail)
-    if code < 0 and -code == signal.SIGKILL:
-        message += "\n" + _sigkill_cause(transcript.lines)
+    if code == -signal.SIGKILL or (code == 128 + signal.SIGKILL and memory is not None and memory.count):
+        # the host's first process, or (bash's status for a signal) what it ran, with the kernel's kills
+        message += "\n" + _sigkill_cause(transcript.lines, memory)
     return message
 
 

@@ -10,14 +10,19 @@ started here: `workshop.runtime.supervisor` starts what this lays out.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import shutil
 import sys
+import tempfile
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workshop.errors import WorkshopError
 from workshop.runtime import hostns
 from workshop.runtime.contract import (
     HostSandbox,
@@ -32,6 +37,31 @@ from workshop.runtime.machine import usable_cores
 from workshop.runtime.processes import MARKER
 from workshop.runtime.results import HostResult
 
+# A host's checkpoint folder, as its processes see it in the container runtime.
+CONTAINER_CHECKPOINTS = f"{hostns.CONTAINER_ROOT}/checkpoints"
+_HOST_TAG = re.compile(r"^\[(?P<host>[^\]/\s]+)(?:/\d+)?\] ")
+
+
+def user_paths(text: str, hosts: list[HostResult], default: HostResult | None = None) -> str:
+    """`text` with the hosts' checkpoint folders named as their user knows them: the run's `checkpoint_dir` (each
+    host's folder starts as its copy, and syncs with it), else the host's folder in the run folder. A line
+    tagged `[algo-N...]` speaks of that host's (`/opt/ml/checkpoints` is each one's own); others of `default`'s
+    (the first host's if None). So a fix that says "move it out of /opt/ml/checkpoints", a folder that exists
+    only inside the simulated host, names the folder to move it out of."""
+    by_name = {host.name: host for host in hosts}
+    default = default or (hosts[0] if hosts else None)
+    lines = []
+    for line in text.split("\n"):
+        tagged = _HOST_TAG.match(line)
+        host = by_name.get(tagged["host"], default) if tagged else default
+        if host is not None:
+            line = line.replace(CONTAINER_CHECKPOINTS, str(host.checkpoint_store or host.checkpoint_dir))
+        for other in hosts:  # the process runtime's hosts see their folders where they are
+            if other.checkpoint_store is not None:
+                line = line.replace(str(other.checkpoint_dir), str(other.checkpoint_store))
+        lines.append(line)
+    return "\n".join(lines)
+
 
 def driver_for(distributed: Any) -> tuple[Path, dict[str, Any] | None]:
     """The driver script SageMaker would run for this `distributed` config, and the config as the
@@ -42,6 +72,39 @@ def driver_for(distributed: Any) -> tuple[Path, dict[str, Any] | None]:
         drivers = Path(Torchrun().driver_dir)
         return drivers / "basic_script_driver.py", None
     return Path(distributed.driver_dir) / distributed.driver_script, distributed.model_dump()
+
+
+# What the shell splits an unquoted word on, or expands in it: SageMaker's `sm_train.sh` runs the Python it
+# finds on PATH as `$SM_PYTHON_CMD ...`, unquoted.
+_SHELL_SPLITS = re.compile(r"[\s*?\[]")
+
+
+@contextlib.contextmanager
+def plain_python_dir(bin_dir: Path | None = None) -> Iterator[Path]:
+    """The folder of this environment's Python (`bin_dir`, default: sys.executable's) as the hosts' PATH has it
+    first, by a path the shell takes as one word, for as long as the block lasts.
+
+    SageMaker's `sm_train.sh` finds Python on PATH and runs it unquoted (`$SM_PYTHON_CMD`): in a SageMaker
+    container its path has no space (/opt/conda/bin), but a checkout in "~/My Projects/" has its `.venv` there,
+    and the path splits into two words. Such a folder is reached through a link (to the environment, whose
+    `pyvenv.cfg` Python finds beside its `bin/`) in a temporary folder of this run's, removed at the end. A
+    temporary folder whose own path has a space is refused, with the fix, before anything is written."""
+    bin_dir = Path(sys.executable).parent if bin_dir is None else bin_dir
+    if not _SHELL_SPLITS.search(str(bin_dir)):
+        yield bin_dir
+        return
+    base = Path(tempfile.gettempdir())
+    if _SHELL_SPLITS.search(str(base)):
+        raise WorkshopError(
+            f"This environment's Python is in {bin_dir}, whose path has a space (or *, ? or [), which SageMaker's "
+            f"sm_train.sh cannot run; and the temporary folder {base}, where the workshop would link to it, has one too.",
+            "set TMPDIR to a folder whose path has none (export TMPDIR=/tmp), or make the environment in one.")
+    made = Path(tempfile.mkdtemp(prefix="workshop-python-"))
+    try:
+        (made / "env").symlink_to(bin_dir.parent, target_is_directory=True)
+        yield made / "env" / bin_dir.name
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 @dataclass
@@ -84,17 +147,20 @@ def lay_out_hosts(
     sm_drivers_dir: Path | None,
     entrypoint: Sequence[str] | None,
     prepare_host: Callable[[HostSandbox], None] | None,
+    python_dir: Path | None = None,
 ) -> HostLayout:
     """Lay out `hosts` simulated hosts in the run folder `workdir` (its `logs/` made already), as
     `workshop.runtime.local_cluster.LocalCluster` describes them (its arguments of the same names;
     `entrypoint` is its `container_command`): one sandbox each, under `workdir/algo-N`, with the
     job's channels, hyperparameters and code; in the container runtime, the job's `sm_drivers`
     channel (built here as `ModelTrainer` builds it, unless given), its hosts file and each host's
-    spec under `workdir/hostns`."""
+    spec under `workdir/hostns`. `python_dir`: the folder of this environment's Python, first on the hosts'
+    PATH (default: sys.executable's; the container runtime's is `plain_python_dir`'s)."""
     driver, config = driver_for(distributed)
     names = host_names(hosts)
     instance_type = instance_type or "local"
     marker = uuid.uuid4().hex
+    python_dir = python_dir or Path(sys.executable).parent
 
     drivers_dir = None
     if container:
@@ -138,8 +204,9 @@ def lay_out_hosts(
                 # torchrun reads its flags from PET_* too: --tee 3 tags each worker line
                 # with its local rank, without changing the command line the driver builds.
                 "PET_TEE": "3",
-                # The drivers call `torchrun`/`mpirun` from PATH and `python` as sys.executable.
-                "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+                # The drivers call `torchrun`/`mpirun` from PATH and `python` as sys.executable; sm_train.sh
+                # calls `python3` from PATH.
+                "PATH": os.pathsep.join([str(python_dir), env.get("PATH", "")]),
             }
         )
         if not container:

@@ -92,7 +92,7 @@ from workshop.runtime.folders import (
     new_folder,
     size_of,
 )
-from workshop.runtime.hosts import lay_out_hosts
+from workshop.runtime.hosts import lay_out_hosts, plain_python_dir
 from workshop.runtime.machine import (
     CORES_REFUSE_RATIO,
     CORES_WARN_RATIO,
@@ -369,6 +369,9 @@ class LocalCluster:
         space_fix = ("free space on that disk, or run with --workdir DIR on a disk with room (in Python, "
                      "workdir= or runs_dir=).")
         with contextlib.ExitStack() as held:
+            # The container runtime's hosts run sm_train.sh, which runs the Python on PATH unquoted.
+            python_dir = (held.enter_context(plain_python_dir()) if self.resolve_runtime()[0] == "container"
+                          else None)
             if store is not None:
                 held.enter_context(FolderLock(store, "the checkpoint folder", CHECKPOINT_IN_USE_FIX))
                 check_checkpoint_space(store)
@@ -387,7 +390,7 @@ class LocalCluster:
             else:
                 workdir, job_name = self.workdir.resolve(), f"{self.name}-{stamp}-{uuid.uuid4().hex[:4]}"
             try:
-                result = self._run(hyperparameters, chans, store, workdir, job_name, timeout_s)
+                result = self._run(hyperparameters, chans, store, workdir, job_name, timeout_s, python_dir)
             except (OSError, shutil.Error) as exc:  # setting up the run folder: no host has started (see Supervisor)
                 if not is_disk_full(exc):
                     raise
@@ -402,7 +405,7 @@ class LocalCluster:
         return result.check() if check else result
 
     def _run(self, hyperparameters: dict[str, Any], chans: dict[str, Path], store: Path | None, workdir: Path,
-             job_name: str, timeout_s: float | None) -> ClusterResult:
+             job_name: str, timeout_s: float | None, python_dir: Path | None = None) -> ClusterResult:
         """`run` in its folder, with its folders locked: lay out the hosts (`workshop.runtime.hosts`),
         supervise them (`workshop.runtime.supervisor`), and gather the result."""
         if store is not None:
@@ -420,7 +423,7 @@ class LocalCluster:
             hyperparameters=hyperparameters, checkpoint_store=store, port=port, num_cpus=self.num_cpus,
             instance_type=self.instance_type, internet=self.internet, start_delays=self.start_delays,
             extra_env=self.extra_env, sm_drivers_dir=self.sm_drivers_dir, entrypoint=self.container_command,
-            prepare_host=self.prepare_host,
+            prepare_host=self.prepare_host, python_dir=python_dir,
         )
         hosts, names = layout.hosts, [h.name for h in layout.hosts]
 

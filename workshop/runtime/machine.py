@@ -2,16 +2,20 @@
 folders it can write, disk space, and the runtime it can run (container or process).
 
 Each check refuses with a `WorkshopError` that carries its fix, so a run that cannot work here is
-told so in one line before any data is prepared or any process starts, not halfway through.
+told so in one line before any data is prepared or any process starts, not halfway through. And
+what the kernel did to a run for memory (`oom_kills`, `memory_limit`, `MemoryKills`): the failure
+report names a process the out-of-memory killer took as a memory kill.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +224,102 @@ def check_machine_fits(hosts: int, procs_per_host: int, allow_oversubscription: 
             OversubscriptionWarning,
             stacklevel=3,
         )
+
+
+# ----------------------------------------------------------------------------- memory kills
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+UNLIMITED = 2**62  # cgroup v1 says "no limit" with a number near 2**63
+MEMORY_FIX = ("use fewer hosts or processes per host, a smaller model or batch, or a machine (or notebook "
+              "instance) with more memory.")
+
+
+def _memory_cgroup() -> tuple[Path, int] | None:
+    """This process's memory cgroup folder and its version (2, or 1), where it can be read (Linux)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            folder = CGROUP_ROOT / "memory" / path.lstrip("/")
+            return (folder, 1) if folder.is_dir() else None
+    for line in lines:
+        if line.startswith("0::") and (CGROUP_ROOT / "cgroup.controllers").is_file():
+            folder = CGROUP_ROOT / line[3:].lstrip("/")
+            return (folder, 2) if (folder / "memory.events").is_file() else None
+    return None
+
+
+def _counter(path: Path, name: str) -> int | None:
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == name:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's out-of-memory killer has ended in this process's memory cgroup (where
+    the local cluster's hosts and ranks run, and a cgroup's own limit is met), else on this machine; None
+    where neither can be read. Compare two readings: the count grows with each kill."""
+    group = _memory_cgroup()
+    if group is not None:
+        folder, version = group
+        count = _counter(folder / ("memory.events" if version == 2 else "memory.oom_control"), "oom_kill")
+        if count is not None:
+            return count
+    return _counter(Path("/proc/vmstat"), "oom_kill")
+
+
+def memory_limit() -> tuple[int, str]:
+    """The memory this process's processes may use, in bytes, and whose limit it is: "this run's memory
+    cgroup" (the lowest limit of its cgroup and those above it) or "this machine" (its memory)."""
+    machine = psutil.virtual_memory().total
+    group = _memory_cgroup()
+    limits = []
+    if group is not None:
+        folder, version = group
+        if version == 1:
+            limits.append(_counter(folder / "memory.stat", "hierarchical_memory_limit") or UNLIMITED)
+        else:
+            while folder != CGROUP_ROOT and CGROUP_ROOT in folder.parents:
+                with contextlib.suppress(OSError, ValueError):
+                    text = (folder / "memory.max").read_text().strip()
+                    limits.append(UNLIMITED if text == "max" else int(text))
+                folder = folder.parent
+    limit = min(limits, default=UNLIMITED)
+    return (limit, "this run's memory cgroup") if limit < machine else (machine, "this machine")
+
+
+@dataclass
+class MemoryKills:
+    """What the kernel's out-of-memory killer did to a run: `count` processes ended (None: it cannot be
+    counted here) under `limit` bytes, the limit of `where` (`memory_limit`)."""
+
+    count: int | None
+    limit: int
+    where: str
+
+    @classmethod
+    def since(cls, before: int | None) -> MemoryKills:
+        """The kills since `oom_kills()` read `before`."""
+        now = oom_kills()
+        return cls(None if before is None or now is None else max(0, now - before), *memory_limit())
+
+    def cause(self) -> str:
+        """The line that says so, with the fix (for a process killed by SIGKILL)."""
+        if self.count is None:
+            return "(SIGKILL from outside the job often means the machine ran out of memory.)"
+        if not self.count:
+            return ("(SIGKILL from outside the job: not the kernel's out-of-memory killer, which ended no process "
+                    "of this run.)")
+        return (f"(The kernel's out-of-memory killer ended {self.count} process(es) of this run: the memory limit "
+                f"of {self.where} is {self.limit / 2**30:.1f} GiB.) Fix: {MEMORY_FIX}")
 
 
 # ----------------------------------------------------------------------------- the runtime

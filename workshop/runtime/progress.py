@@ -221,6 +221,12 @@ class JobProgress:
         self._print(lines)
         self._refresh()
 
+    def notice(self, lines: list[str]) -> None:
+        """Lines a script marked for its user (`NOTE: ...`: a damaged checkpoint passed over), printed with the
+        display (in the log too, as every line)."""
+        self._print(lines)
+        self._refresh()
+
     def _print(self, lines: list[str]) -> None:
         if self._bar is not None:
             for line in lines:

@@ -30,6 +30,9 @@ _RANK_TAG = re.compile(
 # sm_train.sh's line just before it runs the driver (sagemaker/train/templates.py).
 DRIVER_START = re.compile(r"^Running .+ [Dd]river$")
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # PyTorch's own prefix on a rank's stderr lines
+# A line a script marks for its user (the labs': a damaged checkpoint passed over): the local cluster shows it
+# beside its progress display, where the other lines are only in the logs.
+NOTE = "NOTE: "
 TAIL_LINES = 400  # how many of each stream's last lines a run keeps
 
 
@@ -57,6 +60,11 @@ def bare(line: str) -> str:
     if line.startswith("[") and "] " in line:
         line = line.split("] ", 1)[1]
     return _RANK_PREFIX.sub("", line)
+
+
+def is_note(line: str) -> bool:
+    """Whether a line (tagged or not) is one its script marked for its user (`NOTE: ...`)."""
+    return bare(line).startswith(NOTE)
 
 
 def who(host: str, rank: str) -> str:

@@ -29,12 +29,13 @@ import psutil
 from workshop.runtime.checkpoint_sync import CheckpointSync
 from workshop.runtime.failures import describe_failure, disk_full_failure
 from workshop.runtime.folders import disk_full_message, is_disk_full
-from workshop.runtime.hosts import HostLayout
+from workshop.runtime.hosts import HostLayout, user_paths
+from workshop.runtime.machine import MemoryKills, oom_kills
 from workshop.runtime.processes import PARENT_ENV, DeferredInterrupt, processes_with_marker
 from workshop.runtime.progress import JobProgress
 from workshop.runtime.results import HostResult
 from workshop.runtime.stalls import StallWatch
-from workshop.runtime.streams import DRIVER_START, Transcript, split_ranks
+from workshop.runtime.streams import DRIVER_START, Transcript, is_note, split_ranks
 
 # After the first host fails, the others get this long to end on their own (and their launchers to
 # record why) before they are stopped: a launcher stopped mid-way records nothing, and the rank
@@ -73,6 +74,8 @@ class Supervisor:
         self.envs = layout.envs
         self.commands = layout.commands
         self.cluster_id = layout.marker
+        # What each host's first process is, for a failure report that names it (the process runtime's is the driver)
+        self.first_process = "" if container else f"the driver ({layout.driver.name})"
         self.workdir = workdir
         self.procs_per_host = procs_per_host
         self.timeout_s = timeout_s
@@ -95,6 +98,8 @@ class Supervisor:
         self.log_errors: set[Path] = set()  # logs given up for another error (said once each)
         self.started_at = time.time()  # what the run wrote is newer than this
         self.stopped_processes = 0  # how many of the job's processes the stop ended (`_stop_all`)
+        self.oom_kills_before: int | None = None  # the kernel's out-of-memory kills when the hosts started
+        self.memory: MemoryKills | None = None  # what the kernel's out-of-memory killer did, read when a host failed
 
     @property
     def all_lines(self) -> list[str]:
@@ -214,8 +219,10 @@ class Supervisor:
                 self.driver_started[host] = time.monotonic() - self.t0
             if self.display is not None:
                 self.display.feed(rank, line)
+                if is_note(line):  # what its script marked for its user: beside the display, not only in the log
+                    self.display.notice([user_paths(line, self.hosts)])
             elif self.echo and self._show(host, rank, line):
-                print(line, flush=True)
+                print(user_paths(line, self.hosts) if is_note(line) else line, flush=True)
 
     def _show(self, host: str, rank: str, line: str) -> bool:
         """Echo everything but `sm_train.sh`'s set-up (its shell trace, the configs it prints and
@@ -248,6 +255,7 @@ class Supervisor:
         with open(self.workdir / "logs" / "cluster.log", "w", encoding="utf-8", buffering=1) as combined:
             self._combined = combined
             try:
+                self.oom_kills_before = oom_kills()
                 self._start()
                 self.transcript.last_line_any = time.monotonic()  # the silence is counted from the start
                 waited: set[str] = set()
@@ -271,6 +279,7 @@ class Supervisor:
                         settle = time.monotonic() + SETTLE_S  # the others' launchers record their ends
                         while time.monotonic() < settle and any(p.poll() is None for p in self.procs):
                             self._drain(0.05)
+                        self.memory = MemoryKills.since(self.oom_kills_before)  # before the stop's own SIGKILLs
                         break
                     if all(code == 0 for code in codes):
                         break
@@ -304,7 +313,9 @@ class Supervisor:
                     self.wall_time_s = time.monotonic() - t0
         if failed_host is not None:
             failure = describe_failure(self.transcript, self.hosts, self.procs_per_host, failed_host, returncode,
-                                       self.ended_before_stop, self.watch)
+                                       self.ended_before_stop, self.watch, self.memory, self.first_process)
+            # Its fix names the user's folders, not the simulated hosts' (/opt/ml/checkpoints)
+            failure = user_paths(failure, self.hosts, self.hosts[failed_host])
         if returncode not in (0, 124):
             failure = disk_full_failure(failure, self.all_lines, self.disk_full, self.hosts, self.workdir,
                                         self.started_at)

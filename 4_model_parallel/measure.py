@@ -1,9 +1,9 @@
 """Lab 4's measurement grid: per-rank memory and step time for each sharding, at world sizes 1, 2, 4 (PyTorch's
 shardings, and DeepSpeed's ZeRO stages at N > 1: `--sharding zero1|zero2|zero3|zero3_offload`, whose "ideal" is ZeRO's
-theory with DeepSpeed's fp32 master copy).
+theory with DeepSpeed's fp32 master copy), and the tables the notebook shows of them.
 
     python 4_model_parallel/measure.py                 # the memory table
-    from measure import MEASURE_MODEL, measure         # what the notebook calls (its folder is on the path)
+    from measure import MEASURE_MODEL, measure, grid   # what the notebook calls (its folder is on the path)
 
 Each measurement is one run of the lab's own script on one simulated host with `world_size`
 processes (`workshop.runner.run_local`); the script prints each rank's accounting line.
@@ -29,6 +29,74 @@ from workshop.runner import run_local
 
 MEASURE_MODEL = {"layers": 2, "d-model": 64, "heads": 4, "seq-len": 32, "batch-size": 8}
 THREADS_PER_RANK = 1  # the same at every world size (see above)
+TECHNIQUES = ("no_shard", "optimizer", "shard_grad_op", "full_shard")  # PyTorch's, at every world size N > 1
+KB = 1e3
+
+
+def grid(world_sizes: Sequence[int]) -> list[tuple[str, int, dict[str, Any]]]:
+    """The notebook's runs, as (technique, world size, extra flags): the single-process baseline at N=1 (every
+    technique is the same there), each technique at every N > 1, hybrid sharding at the largest N (2 shards x N/2
+    replicas), and checkpointing, then checkpointing with (simulated) offloading, with full sharding at N=2."""
+    n_max = max(world_sizes)
+    n_ckpt = 2 if 2 in world_sizes else n_max
+    runs = [(technique, n, {}) for n in world_sizes for technique in (TECHNIQUES if n > 1 else ("no_shard",))]
+    if n_max >= 4:
+        runs.append(("hybrid_shard", n_max, {"hybrid-shard-degree": 2}))
+    runs.append(("full_shard+ckpt", n_ckpt, {"activation-checkpointing": "true"}))
+    runs.append(("full_shard+ckpt+offload", n_ckpt, {"activation-checkpointing": "true",
+                                                      "activation-offloading": "simulate"}))
+    return runs
+
+
+def with_one_rank(runs: dict[tuple[str, int], list[dict[str, Any]]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """`runs` with the N=1 baseline filed under every technique too: one rank has nothing to shard."""
+    if ("no_shard", 1) in runs:
+        runs = {**{(t, 1): runs["no_shard", 1] for t in TECHNIQUES}, **runs}
+    return runs
+
+
+def memory_table(runs: Mapping[tuple[str, int], list[dict[str, Any]]]):
+    """Rank 0 of every run, by world size: what it holds (KB), against the ideal share (the full state over the
+    ranks sharing it), the activations it saved for backward, its step time and final loss."""
+    from workshop.teaching import table
+
+    rows = [{"technique": t, "N": n, "params": r["param_bytes"] / KB, "grads": r["grad_bytes"] / KB,
+             "optim": r["optim_bytes"] / KB, "state": r["state_bytes"] / KB, "ideal": r["ideal_state_bytes"] / KB,
+             "state / ideal": r["state_bytes"] / r["ideal_state_bytes"], "saved act": r["saved_act_bytes"] / KB,
+             "step ms": r["step_time_s"] * 1e3, "loss": r["final_train_loss"]}
+            for (t, n), [r, *_] in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+    kb = {c: ",.1f" for c in ("params", "grads", "optim", "state", "ideal", "saved act", "step ms")}
+    return table(rows, formats={**kb, "state / ideal": ".3f", "loss": ".4f"},
+                 caption="rank 0 of each run, KB (1 KB = 1000 bytes); ideal = full state / ranks sharing it")
+
+
+def deepspeed_table(runs: Mapping[tuple[str, int], list[dict[str, Any]]], ds_runs: Mapping[str, list[dict[str, Any]]],
+                    n: int, theory: Mapping[str, float]):
+    """PyTorch's rows at world size `n` beside DeepSpeed's (every rank), stage by stage: what each rank holds (KB),
+    the theory (`theory[sharding]`: bytes), what an offloaded optimizer keeps in host memory, and the share of
+    DeepSpeed's whole state that the rank holds on its device."""
+    from workshop.teaching import table
+
+    stages = (("DDP: nothing sharded", "no_shard", None), ("ZeRO-1: optimizer state", "optimizer", "zero1"),
+              ("ZeRO-2: + gradients", "shard_grad_op", "zero2"), ("ZeRO-3: + parameters", "full_shard", "zero3"),
+              ("ZeRO-3 + optimizer offload", None, "zero3_offload"))
+    whole = next(iter(ds_runs.values()))[0]["full_state_bytes"] if ds_runs else None
+    rows = []
+    for label, pytorch, deepspeed in stages:
+        found = [(pytorch, f"PyTorch {pytorch}", runs[pytorch, n][0])] if (pytorch, n) in runs else []
+        found += [(deepspeed, f"DeepSpeed {deepspeed}/{r['rank']}", r) for r in ds_runs.get(deepspeed, [])]
+        for sharding, name, r in found:
+            host = r.get("offloaded_state_bytes", 0)
+            on_device = (r["state_bytes"] - host) / whole if sharding.startswith("zero") else ""
+            rows.append({"stage": label, "run": name, "params": r["param_bytes"] / KB, "grads": r["grad_bytes"] / KB,
+                         "optim": r["optim_bytes"] / KB, "state": r["state_bytes"] / KB,
+                         "theory": theory[sharding] / KB, "state / theory": r["state_bytes"] / theory[sharding],
+                         "host": host / KB, "device / DS whole": on_device,
+                         "step ms": r["step_time_s"] * 1e3, "loss": r["final_train_loss"]})
+            label = ""
+    kb = {c: ",.1f" for c in ("params", "grads", "optim", "state", "theory", "host", "step ms")}
+    return table(rows, formats={**kb, "state / theory": ".3f", "device / DS whole": ".0%", "loss": ".5f"},
+                 caption=f"per rank at N={n}, KB; DS whole: DeepSpeed's whole state (4 + 4 + 12 bytes per parameter)")
 
 
 def measure(

@@ -147,3 +147,15 @@ def test_every_solution_file_belongs_to_an_exercise_a_notebook_has():
     files = {(p.parent.parent.name, p.stem) for p in REPO_ROOT.glob("[0-9]_*/solutions/*.py")}
     assert files == used, f"solution files without a notebook exercise: {sorted(files - used)}; " \
                           f"exercises without a solution file: {sorted(used - files)}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[f"{p.parent.name}/{p.stem}" for p in NOTEBOOKS])
+def test_every_notebook_has_at_least_two_exercises_and_ends_with_its_takeaways(path):
+    cells = code_cells(path)
+    exercises = [c for c in cells if teaching.EXERCISE_TAG in teaching.cell_tags(c)]
+    assert len(exercises) >= 2, f"{path.name} has {len(exercises)} exercise(s): each notebook has at least two"
+    sources = ["".join(c["source"]) for c in cells]
+    last = max(i for i, s in enumerate(sources) if "takeaways(" in s) if any("takeaways(" in s for s in sources) else None
+    assert last is not None, f"{path.name}: end with `takeaways(...)` built from this run's numbers"
+    assert all("takeaways(" not in s for s in sources[last + 1:]) and last >= len(sources) - 3, \
+        f"{path.name}: the takeaways come last, before the clean-up"

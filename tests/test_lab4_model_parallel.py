@@ -388,3 +388,35 @@ def test_the_deepspeed_route_on_the_fake_sagemaker_installs_deepspeed_then_train
     assert [r["rank"] for r in rows] == [0, 1] and all(r["zero_stage"] == 2 for r in rows)
     for r in rows:  # within a few percent (ZeRO-2's gradient buffer covers whole parameters: see deepspeed_zero.py)
         assert abs(r["state_bytes"] / r["ideal_state_bytes"] - 1) < 0.05, r
+
+
+def test_the_notebooks_grid_and_a_check_that_fails_where_a_rank_holds_more_than_its_share():
+    """measure.grid lists the notebook's runs; findings.check_grid (the notebook's checks of them) passes on the
+    ZeRO accounting and raises when one rank holds 20% more than its share."""
+    from workshop import planner
+    from workshop.spec import load_module
+
+    measure = load_module(LAB.path / "measure.py", "_lab4_measure")
+    findings = load_module(LAB.path / "findings.py", "_lab4_findings")
+    planned = measure.grid((1, 2, 4))
+    assert [(t, n) for t, n, _ in planned][:5] == [("no_shard", 1), ("no_shard", 2), ("optimizer", 2),
+                                                   ("shard_grad_op", 2), ("full_shard", 2)]
+    assert planned[-3:] == [("hybrid_shard", 4, {"hybrid-shard-degree": 2}),
+                            ("full_shard+ckpt", 2, {"activation-checkpointing": "true"}),
+                            ("full_shard+ckpt+offload", 2, {"activation-checkpointing": "true",
+                                                            "activation-offloading": "simulate"})]
+    tiny = planner.transformer("tiny", layers=2, d_model=64, heads=4, seq_len=32, vocab=256, tied_embeddings=False)
+    p = int(tiny.params)
+
+    def ranks(technique, n):
+        shard = n if technique in ("shard_grad_op", "full_shard") else 1
+        optim = 8 * p // (1 if technique == "no_shard" else n)
+        return [{"rank": r, "shard_group": shard, "full_state_bytes": 16 * p, "param_bytes": 4 * p // shard,
+                 "grad_bytes": 4 * p // shard, "optim_bytes": optim, "state_bytes": 8 * p // shard + optim,
+                 "final_train_loss": 2.5, "test_loss": 2.6} for r in range(n)]
+
+    runs = {(t, n): ranks(t, n) for n in (1, 2) for t in measure.TECHNIQUES if n > 1 or t == "no_shard"}
+    findings.check_grid(runs, (1, 2), tiny)
+    runs["full_shard", 2][1]["state_bytes"] *= 1.2
+    with pytest.raises(AssertionError):
+        findings.check_grid(runs, (1, 2), tiny)

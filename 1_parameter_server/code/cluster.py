@@ -1,4 +1,5 @@
-"""Lab 1's TensorFlow processes: their threads, the workers' ranks, and the in-process cluster.
+"""Lab 1's TensorFlow processes: their threads, the workers' ranks, the in-process cluster, and the
+time and bytes of each run of steps.
 
 A parameter server or a worker is a TensorFlow server (train.py's `run_server`); the cluster they form
 comes from TF_CONFIG, which the launcher sets, or, when the script runs alone, from
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 
 # Written by each worker into its working directory; the workers' input pipelines read it, so
@@ -59,3 +61,49 @@ def in_process_resolver(tf, args):
     for job in ("ps", "worker"):
         tf.distribute.Server(spec, job_name=job, task_index=0, protocol="grpc", config=config, start=True)
     return tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="chief", task_id=0, rpc_layer="grpc")
+
+
+class Window:
+    """`with window:` around a run of steps: its seconds and, where every task of the cluster `spec` is
+    on this machine (a local cluster, the in-process one), the bytes its tasks sent each other.
+
+    Those bytes all cross the loopback interface, whose kernel counters (Linux's /proc/net/dev; on
+    loopback each byte is counted once) the coordinator reads before and after: the workers' pulls of
+    the variables and pushes of the gradients, and the coordinator's few bytes per step it schedules.
+    On a real cluster the tasks talk over the network, which this machine's counters see only in part:
+    then `traffic()` is empty, as it is without the counters."""
+
+    def __init__(self, spec: dict):
+        tasks = [address for job in spec.values() for address in (job.values() if isinstance(job, dict) else job)]
+        try:
+            self.local = all(socket.gethostbyname(a.rsplit(":", 1)[0]).startswith("127.") for a in tasks)
+        except OSError:
+            self.local = False
+        self.seconds, self.bytes = 0.0, None
+
+    def __enter__(self):
+        self._t0, self._sent = time.perf_counter(), self._loopback()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self._t0
+        sent = self._loopback()
+        self.bytes = None if sent is None or self._sent is None else sent - self._sent
+        return False
+
+    def traffic(self) -> dict:
+        """{"loopback_bytes": N} for the metric line, or {} where the bytes were not counted."""
+        return {} if self.bytes is None else {"loopback_bytes": self.bytes}
+
+    def _loopback(self) -> int | None:
+        if not self.local:
+            return None
+        try:
+            lines = Path("/proc/net/dev").read_text().splitlines()[2:]
+        except OSError:
+            return None
+        for line in lines:
+            name, _, fields = line.partition(":")
+            if name.strip() == "lo":
+                return int(fields.split()[8])  # transmit bytes (on loopback, the same as received)
+        return None

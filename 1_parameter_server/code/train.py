@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from arguments import build_parser, check_args  # noqa: E402
 from checkpointing import checkpoint_writer, resume, stop_if_diverged  # noqa: E402
-from cluster import WORKER_ID_FILE, configure_threads, in_process_resolver, write_worker_id  # noqa: E402
+from cluster import WORKER_ID_FILE, Window, configure_threads, in_process_resolver, write_worker_id  # noqa: E402
 from contract import load_channel, metrics, normalize, restore_error, run_configuration, save_model  # noqa: E402, F401 (restore_error: the tests read it here)
 from timeline import report_timeline  # noqa: E402
 
@@ -158,21 +158,20 @@ def run_coordinator(tf, args, resolver) -> int:
     done = int(step_counter.numpy())
     events: list[tuple[float, int]] = []  # (time the step ended on its worker, worker rank)
     test_loss = test_acc = float("nan")
-    t0 = time.time()
+    t0, window = time.time(), Window(spec)
     while done < args.steps:
         n = min(args.log_interval, args.steps - done)
-        t_interval = time.perf_counter()
-        # PS: schedule() returns at once; the steps queue up and the free workers take them.
-        results = [coordinator.schedule(train_step, args=(per_worker_iterator,)) for _ in range(n)]
-        coordinator.join()  # wait for these steps (a worker that died has its steps rerun elsewhere)
-        elapsed = time.perf_counter() - t_interval
+        with window:  # these n steps' seconds and, on a local cluster, the bytes between the tasks
+            # PS: schedule() returns at once; the steps queue up and the free workers take them.
+            results = [coordinator.schedule(train_step, args=(per_worker_iterator,)) for _ in range(n)]
+            coordinator.join()  # wait for these steps (a worker that died has its steps rerun elsewhere)
         values = [r.fetch() for r in results]
         events += [(float(v[2]), int(v[1])) for v in values]
         done += n
         step_counter.assign(done)
         test_loss, test_acc = evaluate(tf, model, test_x, test_y)
         metrics(rank=0, step=done, train_loss=float(np.mean([float(v[0]) for v in values])), test_loss=test_loss,
-                test_accuracy=test_acc, steps_per_sec=n / elapsed)
+                test_accuracy=test_acc, steps_per_sec=n / window.seconds, **window.traffic())
         stop_if_diverged(tf, args, values, test_loss, done, n)  # never a checkpoint of diverged weights
         save_checkpoint(done)
 

@@ -14,7 +14,10 @@
 #                   scripts run: scripts/notebook-instance/)
 #   make bench      set up, then run the benchmarks (prints tables, writes images/)
 #   make bench-strategies  set up, then PS vs Horovod vs DDP vs FSDP side by side (about 12 minutes)
+#   make bench-notebooks   set up, then time every notebook's Run All on an ml.t3.medium's size (2 CPUs, 4 GiB:
+#                   a cgroup, as root) and write each notebook's time line and the facilitator's agendas
 #   make bench-allreduce   set up, then the gloo all-reduce microbenchmark (about a minute)
+#   make figures    set up, then each lab's main figure from a real local run into images/ (the lab READMEs show them)
 #   make horovod    set up, build Horovod (or wait for the background build; again after a failed one),
 #                   then check the build: horovodrun --check-build and a 2-rank all-reduce per framework
 #   make clean      remove local runs and caches (keeps .venv and data/)
@@ -73,7 +76,7 @@ PIP_INSTALL = $(BIN)/python -m pip install --quiet
 UV_VERSION := 0.13.8
 LOCK_TOOLS := $(VENV)/lock-tools
 
-.PHONY: setup workshop test test-costs test-fast lab kernel bench bench-allreduce bench-strategies horovod clean lock upgrade
+.PHONY: setup workshop test test-costs test-fast lab kernel bench bench-allreduce bench-strategies bench-notebooks figures horovod clean lock upgrade
 
 # Horovod 0.28.1 is source-only and needs patches for today's frameworks; only lab 2 uses it. After the
 # base set-up, `horovod_build start` installs it from an installed, cached or shared (WORKSHOP_WHEELHOUSE)
@@ -193,6 +196,19 @@ bench-allreduce: setup
 bench-strategies: setup
 	@$(BIN)/python -m workshop.horovod_build --wait
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_strategies.py --profile
+
+# Lab 2's notebook needs Horovod: wait for its build. Without root, NOTEBOOK_LIMITS= times them on the whole machine.
+NOTEBOOK_LIMITS ?= --memory 4G --cpus 2
+bench-notebooks: setup
+	@$(BIN)/python -m workshop.horovod_build --wait
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_notebooks.py $(NOTEBOOK_LIMITS) --write-docs
+
+# Labs 1, 2 and 4, each run as its notebook runs it, drawn by the lab's own figures.py (scripts/lab_figures.py);
+# lab 3's figure is make bench's images/bench_data_parallel.png. Lab 2 needs Horovod: wait for its build. About 16
+# minutes on 2 busy cores: lab 1 3.3, lab 2 3.3, lab 4 9.6 (its grid at N = 1, 2, 4: 10 runs, each starting its ranks).
+figures: setup
+	@$(BIN)/python -m workshop.horovod_build --wait
+	$(BYTECODE_ENV) $(BIN)/python scripts/lab_figures.py
 
 # Horovod is source-only and needs patches for today's frameworks: see scripts/build_horovod.sh. Builds it
 # (or waits for the background build, a line every 30 s; a failed build is retried), then checks it.

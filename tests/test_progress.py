@@ -9,12 +9,19 @@ tests/test_fault_tolerance.py::test_the_cli_kills_a_rank_on_another_host_and_the
 from __future__ import annotations
 
 import io
+import re
 import time
 
 import pytest
 
 from workshop.__main__ import main
-from workshop.runtime.progress import HEARTBEAT_S, JobProgress, progress_total
+from workshop.runtime.progress import (
+    HEARTBEAT_S,
+    JobProgress,
+    LiveLine,
+    notebook_bundle,
+    progress_total,
+)
 
 
 class Clock:
@@ -61,7 +68,7 @@ def test_a_long_job_off_a_terminal_says_it_is_alive_once_a_minute():
         clock.t += 1.0  # a step a second: 5 minutes
         progress.feed("0", f"[algo-1/0] METRICS rank=0 step={step} train_loss=1.0")
     assert len(out.getvalue().splitlines()) == int(300 // HEARTBEAT_S)
-    assert out.getvalue().splitlines()[0].startswith("[progress] data-parallel: 60/300 step(s) in 60.0 s; loss 1, 2/2 hosts up")
+    assert out.getvalue().splitlines()[0].startswith("[progress] data-parallel: 60/300 step(s) in 60.0 s; training: loss 1")
 
 
 RANK_DIED = "[algo-2] E1123 16:20:58.187 5338 api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 5377) of binary: python"
@@ -75,9 +82,9 @@ def test_a_rank_death_and_the_restart_show_in_the_display():
     assert "a rank failed: restarting" in progress.postfix()
     progress.feed("0", "[algo-1/0] METRICS rank=0 step=25 restart=1 resumed_step=24 lost_steps=6 recover_s=4.0")
     assert progress.restarts == 1 and progress.step == 25
-    assert progress.postfix() == "step 25, loss 0.32, 2/2 hosts up, 1 restart(s)"
+    assert progress.postfix() == "training: step 25, loss 0.32, 1 restart(s)"
     progress.feed("", RANK_DIED)  # again, with the budget of one restart spent: the job fails
-    assert progress.postfix() == "step 25, loss 0.32, 2/2 hosts up, a rank failed, 1 restart(s)"
+    assert progress.postfix() == "training: step 25, loss 0.32, a rank failed, 1 restart(s)"
     progress.set_hosts_up(0)
     progress.close()
     assert progress.postfix() == "step 25, loss 0.32, a rank failed, 1 restart(s)"
@@ -88,7 +95,7 @@ def test_a_rank_death_in_a_job_without_restarts_is_not_called_a_restart():
     progress, _, _ = display()  # no restart budget, as `run` without --max-restarts
     progress.feed("0", "[algo-1/0] METRICS rank=0 epoch=1 step=30 train_loss=0.32")
     progress.feed("", RANK_DIED)
-    assert progress.postfix() == "step 30, loss 0.32, 2/2 hosts up, a rank failed"
+    assert progress.postfix() == "training: step 30, loss 0.32, a rank failed"
 
 
 def test_a_stall_is_shown_until_a_line_comes_again():
@@ -100,12 +107,12 @@ def test_a_stall_is_shown_until_a_line_comes_again():
     progress.stalled(120.4, note)
     # Off a terminal too: the note's own lines at once, then the display's line (a minute has passed).
     assert out.getvalue().splitlines() == [
-        *note, "[progress] data-parallel: 0/3 epoch(s) in 120.0 s; step 30, loss 0.32, 2/2 hosts up, "
+        *note, "[progress] data-parallel: 0/3 epoch(s) in 120.0 s; training: step 30, loss 0.32, "
                "stalled: no line for 120 s"]
-    assert progress.postfix() == "step 30, loss 0.32, 2/2 hosts up, stalled: no line for 120 s"
+    assert progress.postfix() == "training: step 30, loss 0.32, stalled: no line for 120 s"
     progress.recovered(["[stall] Ended after 130 s without a line: rank 1 on algo-2 wrote: step 31"])
     assert out.getvalue().endswith("[stall] Ended after 130 s without a line: rank 1 on algo-2 wrote: step 31\n")
-    assert progress.postfix() == "step 30, loss 0.32, 2/2 hosts up"
+    assert progress.postfix() == "training: step 30, loss 0.32"
 
 
 @pytest.mark.slow
@@ -120,24 +127,190 @@ def test_a_failing_rank_is_reported_with_its_own_lines_without_verbose(tmp_path,
     assert "[algo-2/1] FAULT: killing rank 1 at step 8" in out.err  # the rank's own last lines
 
 
-def test_while_the_job_starts_the_display_says_so_and_its_clock_moves(capsys):
+def test_while_the_job_starts_the_display_says_so_and_its_clock_moves(monkeypatch, capsys):
     """The issue: lab 1's bar stood at 0/300 for ~100 s, unchanged, while six TensorFlow processes started."""
+    monkeypatch.setenv("COLUMNS", "200")
     clock = Clock()
-    progress = JobProgress("parameter-server", "step", 300, 3, live=True, clock=clock)  # tqdm on stderr here
+    progress = JobProgress("parameter-server", "step", 300, 3, live=True, clock=clock)  # a terminal's line, on stderr
     progress.feed("", "[algo-2] [ps_driver] started worker 0 (pid 4242)")
-    assert progress.postfix() == ("starting: waiting for the first step (latest: [ps_driver] started worker 0 "
-                                  "(pid 4242)), 3/3 hosts up")
+    assert progress.postfix() == "hosts starting (1/3 ready)"
     capsys.readouterr()
     for _ in range(5):  # five seconds of the cluster's loop without a line: five redraws, the clock moving
         clock.t += 0.25
         progress.tick()
         clock.t += 0.75
         progress.tick()
-    redraws = capsys.readouterr().err.count("starting: waiting for the first step")
-    assert 5 <= redraws <= 6, redraws
+    drawn = capsys.readouterr().err.split("\r")[1:]
+    assert 5 <= len(drawn) <= 6, drawn
+    assert drawn[-1].startswith("parameter-server ▕                    ▏ 0/300 steps 00:05 hosts starting (1/3 ready)")
     progress.feed("0", "[algo-1/0] METRICS rank=0 step=1 train_loss=2.3")
-    assert "starting" not in progress.postfix()
+    assert progress.postfix() == "training: loss 2.3"
     progress.close()
+
+
+# What a lab 1 job's hosts write before its first step (container runtime, cut short): sm_train.sh's shell
+# trace and the JSON it prints, the drivers' lines, the processes' first lines.
+LAB1_START = [
+    ("", "[algo-1] Starting training script"),
+    ("", "[algo-1] ++ /work/main/.venv/bin/python3 /opt/ml/input/data/sm_drivers/scripts/environment.py"),
+    ("", '[algo-1]   "current_host": "algo-1",'),
+    ("", "[algo-2] Starting training script"),
+    ("", "[algo-1] SM_HPS={\"steps\": 300, \"log-interval\": 50}"),
+    ("", "[algo-1] Running ParameterServer Driver"),
+    ("", "[algo-1] ++ /work/main/.venv/bin/python3 /opt/ml/input/data/sm_drivers/distributed_drivers/ps_driver.py"),
+    ("", "[algo-2] ++ cat /opt/ml/input/config/inputdataconfig.json"),
+    ("", "[algo-2] Running ParameterServer Driver"),
+    ("", "[algo-3] Starting training script"),
+    ("", "[algo-3] Running ParameterServer Driver"),
+    ("", '[algo-1] [ps_driver] started ps 0 (pid 10103): TF_CONFIG task {"type": "ps", "index": 0}; python3 train.py'),
+    ("", "[algo-1] [ps0] ps 0 serving at grpc://algo-1:7778 (host algo-1)"),
+    ("1", "[algo-2/1] worker 0 serving at grpc://algo-2:7781 (host algo-2)"),
+    ("0", '[algo-1/0] Coordinator: 2 worker(s), 3 parameter server(s). Configuration: {"args": {"batch_size": 64}}'),
+    ("0", "[algo-1/0] METRICS rank=0 variable=conv1/kernel shard=0 shards=1 device=/job:ps/replica:0/task:0/device:CPU:0"),
+]
+PHASES = ["hosts starting (0/3 ready)"] * 5 + ["hosts starting (1/3 ready)"] * 3 + ["hosts starting (2/3 ready)"] * 2 + [
+    "importing the framework"] * 3 + ["waiting for the first step"] * 3
+
+
+def test_the_display_says_each_phase_in_words_and_never_shows_a_raw_line():
+    """The issue: its "latest:" text showed `++ <checkout>/.venv/bin/python3 /opt/ml/input/data/sm_dri...` and
+    `Configuration: {"args": {"backend": "auto", ...`, and a full bar read "300/300 step ... 2/3 hosts up"."""
+    clock = Clock()
+    progress = JobProgress("parameter-server", "step", 300, 3, live=False, stream=io.StringIO(), clock=clock)
+    seen = []
+    for rank, line in LAB1_START:
+        progress.feed(rank, line)
+        seen.append(progress.phase())
+        text = progress.text()
+        assert line.split("] ", 1)[1][:12] not in text, (line, text)  # no piece of any line it was fed
+        assert not any(c in text for c in '{}"+'), text
+    assert seen == PHASES
+    progress.feed("0", "[algo-1/0] METRICS rank=0 step=50 train_loss=0.97 test_accuracy=0.877")
+    assert progress.postfix() == "training: loss 0.97, test acc 0.877"
+    clock.t += 20
+    progress.feed("0", "[algo-1/0] METRICS rank=0 step=100 train_loss=0.21 test_accuracy=0.954")
+    assert progress.text().startswith("parameter-server ▕██████▋             ▏ 100/300 steps 00:20 (~00:40 left) training")
+    progress.feed("0", "[algo-1/0] METRICS rank=0 step=300 train_loss=0.05 test_accuracy=0.967")
+    assert progress.postfix() == "finishing (0/3 hosts done): loss 0.05, test acc 0.967"
+    progress.set_hosts_up(2)  # algo-1's coordinator saved the model and ended; the others follow
+    assert progress.postfix() == "finishing (1/3 hosts done): loss 0.05, test acc 0.967"
+    assert "hosts up" not in progress.text() and "left" not in progress.text()
+    progress.close()
+    assert progress.postfix() == "loss 0.05, test acc 0.967"
+
+
+def test_in_the_process_runtime_a_host_is_ready_with_its_drivers_first_line():
+    """No sm_train.sh there: the driver's first line is the host's first."""
+    progress, _, _ = display("epoch", 3)
+    assert progress.phase() == "hosts starting (0/2 ready)"
+    progress.feed("", "[algo-1] [torchrun] launching 1 process")
+    progress.feed("", "[algo-2] [torchrun] launching 1 process")
+    assert progress.phase() == "importing the framework"
+    progress.feed("0", "[algo-1/0] Backend gloo (CPU).")
+    assert progress.phase() == "waiting for the first step"
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminals_line_is_cut_to_its_width_and_never_wraps(monkeypatch):
+    """The issue: the line dropped to a line of its own and the job's name split ("horovod-" / "tensorflow")."""
+    monkeypatch.setenv("COLUMNS", "60")
+    out, clock = Terminal(), Clock()
+    progress = JobProgress("horovod-tensorflow", "epoch", 2, 2, live=True, clock=clock, line=LiveLine(stream=out))
+    for rank, line in LAB1_START:
+        progress.feed(rank, line.replace("algo-3", "algo-2"))
+        clock.t += 1
+        progress.tick()
+    progress.stalled(130, ["[stall] No rank has written a line for 130 s."])  # a line of its own, above
+    progress.feed("0", "[algo-1/0] METRICS rank=0 epoch=1 step=30 train_loss=0.32 test_accuracy=0.91 samples_per_sec=812.5")
+    clock.t += 1
+    progress.tick()
+    progress.close()
+    drawn = out.getvalue()
+    assert "[stall] No rank has written a line for 130 s.\n" in drawn
+    redraws = [piece.split("\x1b[K")[0] for line in drawn.split("\n") for piece in line.split("\r")]
+    assert all(len(piece) <= 59 for piece in redraws), max(redraws, key=len)
+    assert all(piece.startswith("horovod-tensorflow ") for piece in redraws if piece and not piece.startswith("[stall]"))
+    assert drawn.endswith("\n")  # the line as it ended stays, and what follows starts on a line of its own
+
+
+def test_a_notebooks_line_is_one_output_redrawn_in_place_that_stays_one_row(monkeypatch):
+    """No widget (a widget made JupyterLab's status bar say "Idle" while the cell ran: LiveLine's note): one
+    display output, updated in place, whose HTML keeps it one row however narrow the output area."""
+    import IPython.display
+
+    shown = []
+
+    class Handle:
+        def update(self, obj, **kwargs):
+            shown.append(("update", obj, kwargs))
+
+    def fake_display(obj, **kwargs):
+        shown.append(("display", obj, kwargs))
+        return Handle()
+
+    monkeypatch.setattr(IPython.display, "display", fake_display)
+    clock = Clock()
+    progress = JobProgress("horovod-tensorflow", "epoch", 2, 2, live=True, clock=clock, line=LiveLine(notebook=True))
+    progress.feed("0", "[algo-1/0] METRICS rank=0 epoch=1 step=30 train_loss=0.32 test_accuracy=0.91")
+    clock.t += 1
+    progress.tick()
+    progress.close()
+    assert [kind for kind, _, _ in shown] == ["display", "update", "update", "update"]
+    assert shown[0][2] == {"raw": True, "display_id": True} and all(kw == {"raw": True} for _, _, kw in shown[1:])
+    last = shown[-1][1]
+    assert last["text/plain"].startswith("horovod-tensorflow ▕██████████          ▏ 1/2 epochs 00:01 step 30, loss 0.32")
+    assert "white-space: pre" in last["text/html"] and "text-overflow: ellipsis" in last["text/html"]
+    assert notebook_bundle('a <b> & "c"')["text/html"].endswith('>a &lt;b&gt; &amp; &quot;c&quot;</div>')
+
+
+def test_still_in_a_notebook_is_one_line_per_cell_however_many_waits(monkeypatch):
+    """The issue: lab 4's runs printed 17 "still running" lines in one run; now one line, redrawn."""
+    import IPython.display
+
+    from workshop.runtime import progress as progress_module
+    from workshop.runtime.progress import still
+
+    shown = []
+
+    class Handle:
+        def update(self, obj, **kwargs):
+            shown.append(("update", obj["text/plain"]))
+
+    def fake_display(obj, **kwargs):
+        shown.append(("display", obj["text/plain"]))
+        return Handle()
+
+    monkeypatch.setattr(IPython.display, "display", fake_display)
+    monkeypatch.setattr(progress_module, "in_notebook", lambda: True)
+    monkeypatch.setattr(progress_module, "_cell_id", lambda: "cell-7")
+    for key in ("no_shard", "full_shard"):
+        with still(f"running {key} at N=2"):
+            time.sleep(0.05)
+    texts = [re.sub(r"\d+ s$", "N s", text) for _, text in shown]  # the seconds, however long the waits took
+    assert [kind for kind, _ in shown].count("display") == 1 and shown[0][0] == "display"
+    assert texts[0] == "  still running no_shard at N=2: N s"
+    assert "  running no_shard at N=2: N s" in texts and "  still running full_shard at N=2: N s" in texts
+    assert texts[-1] == "  running full_shard at N=2: N s"
+    monkeypatch.setattr(progress_module, "_cell_id", lambda: "cell-8")  # the next cell: a line of its own
+    with pytest.raises(ZeroDivisionError), still("measuring N=3"):
+        raise ZeroDivisionError
+    assert [kind for kind, _ in shown].count("display") == 2
+    assert re.fullmatch(r"  measuring N=3: stopped after \d+ s", shown[-1][1])
+
+
+def test_still_in_a_terminal_redraws_its_line_and_clears_it_at_the_end(monkeypatch, capsys):
+    from workshop.runtime import progress as progress_module
+    from workshop.runtime.progress import still
+
+    monkeypatch.setattr(progress_module, "live_display", lambda: True)
+    with still("loading the SageMaker SDK"):
+        time.sleep(0.05)
+    err = capsys.readouterr().err  # drawn once at the start (then once a second), cleared at the end
+    assert re.fullmatch(r"\r  still loading the SageMaker SDK: \d+ s\x1b\[K\r\x1b\[K", err), err
 
 
 def test_an_interrupted_job_says_so_when_its_display_closes():

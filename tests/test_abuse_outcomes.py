@@ -52,6 +52,49 @@ def test_a_loss_far_above_an_untrained_models_stops_the_run_as_diverged(key, cap
         "the checkpoints already written stay as they were. Fix: a lower --lr.\n")
 
 
+def test_lab1_stops_on_a_finite_divergence_as_the_pytorch_labs_do(tmp_path, capsys):
+    """Lab 1's coordinator sees each step's loss: 6.4e+20 is weights that blew up, whatever comes next."""
+    from types import SimpleNamespace
+
+    script = get_lab("parameter_server").load_script()
+    fake_tf = SimpleNamespace(io=SimpleNamespace(gfile=SimpleNamespace(glob=lambda pattern: [])))
+    args = SimpleNamespace(checkpoint_dir=str(tmp_path), lr=100.0)
+    script.stop_if_diverged(fake_tf, args, [(2.3, 1), (229.0, 2)], 2.0, 10, 2)  # a spike is not divergence
+    with pytest.raises(SystemExit) as info:
+        script.stop_if_diverged(fake_tf, args, [(2.1, 1), (6.4e20, 2), (310.0, 1)], 300.0, 20, 3)
+    assert info.value.code == 1
+    out = capsys.readouterr().out
+    assert out.startswith("Training diverged: the loss was 6.4e+20 at step 19 (counted in the order the steps were "
+                          "scheduled), on worker 2, 2.78e+20 times an untrained model's (2.3).")
+    with pytest.raises(SystemExit):  # the test loss alone, finite but at a blown-up model's
+        script.stop_if_diverged(fake_tf, args, [(2.1, 1)], 372.4, 30, 1)
+    assert "the test loss was 372.4 after step 30, 162 times an untrained model's" in capsys.readouterr().out
+
+
+def test_a_sagemaker_trial_that_failed_on_a_divergence_is_diverged_not_failed(monkeypatch, capsys):
+    """The service reports a trial whose script stopped on `Training diverged:` as Failed, with that line in
+    its FailureReason: the table shows it apart from a trial that failed for another reason."""
+    from workshop import tuning
+    from workshop.jobs.tuning import TrialSummary, TuningOutcome
+
+    lab = get_lab("data_parallel")
+    trials = [TrialSummary("dp-tune-001-abc", {"lr": "0.02"}, "Completed", 0.95, 30.0),
+              TrialSummary("dp-tune-002-abd", {"lr": "100"}, "Failed", None, 20.0,
+                           "AlgorithmError: Training diverged: the loss was 6.4e+20 at global step 5 on rank 0"),
+              TrialSummary("dp-tune-003-abe", {"lr": "0.2"}, "Failed", None, 5.0, "AlgorithmError: out of memory")]
+    monkeypatch.setattr(tuning, "run_on_sagemaker", lambda *a, **k: TuningOutcome("dp-tune", "Completed", trials, None))
+    space = tuning.SearchSpace.parse(lab, ["lr=0.02,100,0.2"], trials=None, seed=0, fixed={})
+    result = tuning._tune_on_sagemaker(lab, space, tuning.Objective.parse(lab, None), 3, {}, 1, 1, None, False, {})
+    assert [t.status for t in result.trials] == ["ok", "diverged", "failed"]
+    assert "1 ok, 2 not (1 diverged)" in capsys.readouterr().out
+
+
+def test_lab2_tensorflow_calls_a_finite_loss_far_above_an_untrained_models_diverged():
+    script = get_lab("horovod_tensorflow").load_script()
+    assert [script.diverged(x) for x in (2.3, 229.0, 231.0, 6.4e20, math.inf, math.nan)] == [
+        False, False, True, True, True, True]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_trial_that_diverged_to_a_finite_loss_is_reported_diverged_not_ok(tmp_path, mnist_dir, capsys):

@@ -60,7 +60,7 @@ from workshop.runtime.processes import (
     Terminated,
     sigterm_as_interrupt,
 )
-from workshop.runtime.progress import in_notebook, live_display
+from workshop.runtime.progress import LiveLine, bar, clock_text, in_notebook, live_display
 from workshop.search import Objective, SearchSpace
 from workshop.spec import Lab, given_as
 
@@ -352,7 +352,8 @@ def _tune_on_sagemaker(lab, space, goal, parallel, fixed, hosts, procs_per_host,
         trials.append(Trial(
             index=int(number.group(1)) if number else len(trials) + 1,
             hyperparameters={n: summary.hyperparameters.get(n, "") for n in space.names},
-            status={"Completed": "ok", "Stopped": "stopped"}.get(summary.status, "failed"),
+            status={"Completed": "ok", "Stopped": "stopped"}.get(
+                summary.status, "diverged" if DIVERGED in (summary.failure or "") else "failed"),
             metric=summary.objective, wall_s=summary.wall_s, failure=summary.failure, job_name=summary.name,
         ))
     trials.sort(key=lambda t: t.index)
@@ -440,19 +441,19 @@ def _search(lab, space, goal, parallel, fixed, hosts, procs, data_dir, plot, fol
 
 
 class SearchProgress:
-    """A local search's one live display (a notebook's widget, a terminal's line redrawn), instead of a
-    line as each trial starts and ends and one every 10 s (84 lines for lab 3's two searches):
+    """A local search's one live display (a notebook's output redrawn in place, a terminal's line redrawn:
+    `workshop.runtime.progress.LiveLine`), instead of a line as each trial starts and ends and one every
+    10 s (84 lines for lab 3's two searches):
 
-        search  7/12 trials [01:40<01:20] running: trial 8 (lr=0.1) 21 s, trial 9 (lr=0.2) 3 s; best test_accuracy 0.9610
+        search ▕███████████▋        ▏ 7/12 trials 01:40 (~01:11 left) running: trial 8 (lr=0.1) 21 s, trial 9 (lr=0.2) 3 s; best test_accuracy 0.9610
 
     Redrawn every second, so its clock moves while trials train. A failed trial still gets its lines."""
 
     def __init__(self, total: int, objective: Objective, clock=time.monotonic):
-        from tqdm.auto import tqdm
-
         self.total, self.objective, self.clock = total, objective, clock
-        self._bar = tqdm(total=total, desc="search", unit="trial", leave=True, dynamic_ncols=True,
-                         bar_format="{desc} {n_fmt}/{total_fmt} trials [{elapsed}<{remaining}] {postfix}")
+        self.t0 = clock()
+        self._line = LiveLine()
+        self._line.draw(self.text([], []))
 
     def postfix(self, running: list[tuple[Trial, float]], done: list[Trial]) -> str:
         now = self.clock()
@@ -467,16 +468,20 @@ class SearchProgress:
             parts.append(f"{failed} failed")
         return "; ".join(parts)
 
+    def text(self, running: list[tuple[Trial, float]], done: list[Trial]) -> str:
+        elapsed = self.clock() - self.t0
+        left = f" (~{clock_text(elapsed * (self.total - len(done)) / len(done))} left)" if 0 < len(done) < self.total else ""
+        return (f"search {bar(len(done), self.total)} {len(done)}/{self.total} trials {clock_text(elapsed)}{left} "
+                f"{self.postfix(running, done)}")
+
     def update(self, running: list[tuple[Trial, float]], done: list[Trial]) -> None:
-        self._bar.n = len(done)
-        self._bar.set_postfix_str(self.postfix(running, done), refresh=False)
-        self._bar.refresh()
+        self._line.draw(self.text(running, done))
 
     def write(self, line: str) -> None:
-        self._bar.write(line)
+        self._line.write(line)
 
     def close(self) -> None:
-        self._bar.close()
+        self._line.close()
 
 
 def _run_trials(lab, result: TuneResult, base, hosts, procs, data_dir, shares) -> None:

@@ -15,6 +15,15 @@ from contract import exit_with, restore_error
 
 CHECKPOINT_NAME = "ckpt"  # checkpoints are CHECKPOINT_NAME-<step>.index and .data-* files
 CHECKPOINTS_KEPT = 2
+# A loss this many times an untrained model's (a uniform guess over the ten digits: ln 10, 2.3) is weights that
+# blew up, whatever they do next: training diverged, as a loss that is not finite did (the labs' `Divergence`).
+DIVERGED_TIMES = 100
+UNTRAINED_LOSS = math.log(10)
+
+
+def diverged(loss: float) -> bool:
+    """Whether a loss says training diverged: not finite, or DIVERGED_TIMES times an untrained model's."""
+    return not math.isfinite(loss) or loss > DIVERGED_TIMES * UNTRAINED_LOSS
 
 
 def list_checkpoints(tf, directory: str) -> list[tuple[int, str]]:
@@ -89,12 +98,14 @@ def checkpoint_writer(tf, checkpoint, directory: str, io, damaged: set[str]):
 
 def stop_if_diverged(tf, args, values: list, test_loss: float, done: int, n: int) -> None:
     """Exit (exit_with) before a checkpoint of diverged weights is written: a step of the last `n` (`values`:
-    each step's loss and worker) or the test loss after step `done` is not finite."""
-    bad = [(i, v) for i, v in enumerate(values) if not math.isfinite(float(v[0]))]
-    if bad or not math.isfinite(test_loss):
-        what = (f"the loss was {float(bad[0][1][0])} at step {done - n + bad[0][0] + 1} (counted in the order "
-                f"the steps were scheduled), on worker {int(bad[0][1][1])}" if bad
-                else f"the test loss was {test_loss} after step {done}")
+    each step's loss and worker) or the test loss after step `done` diverged (`diverged`)."""
+    bad = [(i, v) for i, v in enumerate(values) if diverged(float(v[0]))]
+    if bad or diverged(test_loss):
+        loss = float(bad[0][1][0]) if bad else test_loss
+        what = (f"the loss was {loss:g} at step {done - n + bad[0][0] + 1} (counted in the order the steps were "
+                f"scheduled), on worker {int(bad[0][1][1])}" if bad else f"the test loss was {loss:g} after step {done}")
+        if math.isfinite(loss):
+            what += f", {loss / UNTRAINED_LOSS:.3g} times an untrained model's ({UNTRAINED_LOSS:.2g})"
         again = ("; run again with the same --checkpoint-dir: it resumes from the last checkpoint, written before "
                  "this" if list_checkpoints(tf, args.checkpoint_dir) else "")
         exit_with(

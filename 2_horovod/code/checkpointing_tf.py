@@ -7,6 +7,7 @@ workshop can read the script's flags without it. The `# Shared copy:` definition
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -31,8 +32,20 @@ def restore_on_rank0(ckpt, latest: str | None, ckpt_dir: Path, epoch, rank: int)
     return None
 
 
+# A loss this many times an untrained model's (a uniform guess over the ten digits: ln 10, 2.3) is weights that
+# blew up, whatever they do next: training diverged, as a loss that is not finite did (the PyTorch script's
+# `Divergence`).
+DIVERGED_TIMES = 100
+UNTRAINED_LOSS = math.log(10)
+
+
+def diverged(loss: float) -> bool:
+    """Whether a loss says training diverged: not finite, or DIVERGED_TIMES times an untrained model's."""
+    return not math.isfinite(loss) or loss > DIVERGED_TIMES * UNTRAINED_LOSS
+
+
 def stop_if_diverged(hvd, model, step: int, first_bad: int, fix: str, weights: bool = False) -> None:
-    """Every rank, at the same step: if any rank's loss was not finite (`first_bad`: this rank's first
+    """Every rank, at the same step: if any rank's loss diverged (`diverged`; `first_bad`: this rank's first
     such step, 0 for none), or with `weights` its weights are not, every rank stops with the same
     message, before the checkpoint of a diverged model is written."""
     import tensorflow as tf  # already imported by the script's main()
@@ -47,7 +60,8 @@ def stop_if_diverged(hvd, model, step: int, first_bad: int, fix: str, weights: b
     if not bad:
         return
     at, who = bad[0]
-    what = (f"the loss was not finite at step {at} on rank {who}" if report[who, 0] == at
+    what = (f"the loss diverged (not finite, or over {DIVERGED_TIMES} times an untrained model's "
+            f"{UNTRAINED_LOSS:.2g}) at step {at} on rank {who}" if report[who, 0] == at
             else f"rank {who}'s weights were not finite after step {at}, while its loss still was")
     exit_with(
         f"Training diverged: {what}. The run stops here, before it checkpoints the broken weights: the "

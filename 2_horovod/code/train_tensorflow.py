@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sys
 import time
@@ -39,7 +38,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ INFO/WARN
 import numpy as np  # noqa: E402
 
 from arguments import check_args, lower_lr_fix, parser_for  # noqa: E402
-from checkpointing_tf import restore_error, restore_on_rank0, stop_if_diverged  # noqa: E402, F401 (restore_error: the tests read it here)
+from checkpointing_tf import diverged, restore_error, restore_on_rank0, stop_if_diverged  # noqa: E402, F401 (restore_error: the tests read it here)
 from contract import MNIST_MEAN, MNIST_STD, describe_run, exit_with, metrics, threads_per_rank  # noqa: E402
 
 build_parser = partial(parser_for, "tensorflow")  # the flags (the workshop reads them too)
@@ -126,7 +125,7 @@ def main(argv=None) -> int:
 
     steps_per_epoch = len(train_x) // size // args.batch_size
     step = (start_epoch - 1) * steps_per_epoch
-    first_bad = 0  # this rank's first step whose loss was not finite
+    first_bad = 0  # this rank's first step whose loss diverged (not finite, or 100x an untrained model's)
     fix = lower_lr_fix(args, size, lr)  # what to do if training diverges
     test_loss = test_acc = float("nan")
     for epoch in range(start_epoch, args.epochs + 1):
@@ -139,7 +138,7 @@ def main(argv=None) -> int:
             loss = train_step(train_x[idx], train_y[idx])
             step += 1
             seen += len(idx)
-            if not first_bad and not math.isfinite(float(loss)):
+            if not first_bad and diverged(float(loss)):
                 first_bad = step
             if i % args.log_interval == 0:
                 metrics(rank=rank, epoch=epoch, step=step, train_loss=float(loss))

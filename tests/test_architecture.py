@@ -26,7 +26,7 @@ LAYERS: dict[str, int] = {
     "workshop.launchers": 3, "workshop.datasets": 3,
     "workshop.labs": 4,
     "workshop.runner": 5, "workshop.tuning": 5, "workshop.account": 5, "workshop.notebook": 5, "workshop.__main__": 5,
-    "workshop.profiling": 5, "workshop.event": 5,
+    "workshop.profiling": 5, "workshop.event": 5, "workshop.script_mode": 5,
 }
 
 

@@ -10,8 +10,12 @@
 
 CONTRIBUTING.md has the layer table and walks through adding a lab. Run a lab headless with
 `python -m workshop run LAB`; see `python -m workshop --help`.
+
+Your own training script: `workshop.train_locally(trainer)` runs an SDK v3 `ModelTrainer` on the local
+cluster (`workshop.script_mode`; `python -m workshop run-script DIR/ENTRY`; docs/your-script.md).
 """
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -25,4 +29,15 @@ sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-__all__ = ["REPO_ROOT"]
+# The package's front door to what lives in its top layer, loaded on first use (PEP 562): `import workshop`
+# stays light (the SDK takes seconds to import), and nothing here depends on the layers above at import time.
+_FRONT_DOOR = {"train_locally": "workshop.script_mode", "ScriptResult": "workshop.script_mode"}
+
+
+def __getattr__(name: str):
+    if name in _FRONT_DOOR:
+        return getattr(importlib.import_module(_FRONT_DOOR[name]), name)
+    raise AttributeError(f"module 'workshop' has no attribute {name!r}")
+
+
+__all__ = ["REPO_ROOT", "ScriptResult", "train_locally"]

@@ -7,6 +7,9 @@
                                [--max-restarts K] [--fault kill-rank=R@step=S] [--spot [--max-wait S]] [--yes]
                                [--verbose] [--stall-after SECONDS]
     python -m workshop run all            # every lab, locally, then a summary table
+    python -m workshop run-script DIR/ENTRY [--launcher torchrun|horovod|parameter-server|none] [--hosts N]
+                               [--channel NAME=PATH ...] [--hp KEY=VALUE ...] [--env KEY=VALUE ...]
+                               [--mode sagemaker [--dry-run] [--image URI] ...]   # your own script, unchanged
     python -m workshop tune LAB --param lr=0.01,0.02,0.04 [--param batch-size=32,64] [--trials N]
                                 [--parallel K] [--mode local|sagemaker] [--dry-run] [--hp KEY=VALUE ...] [--yes]
     python -m workshop profile LAB [--hosts N] [--procs-per-host P] [--steps S] [--hp KEY=VALUE ...]
@@ -210,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     from workshop.event import add_parser as add_event_parser
 
     add_event_parser(sub)
+    from workshop.script_mode.cli import add_parser as add_script_parser
+
+    add_script_parser(sub, run)  # run-script: a training script of your own (docs/your-script.md)
     return parser
 
 
@@ -485,6 +491,10 @@ def _command(args: argparse.Namespace) -> int:
 
             return horovod_build.run(args)
         hps = parse_hp(args.hp)
+        if args.command == "run-script":
+            from workshop.script_mode.cli import command as run_script
+
+            return run_script(args, hps, cost_confirmation(args))
         if getattr(args, "fault", None):
             if "fault" in hps:
                 raise WorkshopError("--fault and --hp fault=... both given.", "give it once, as --fault.")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from workshop import REPO_ROOT
 from workshop.errors import WorkshopError
-from workshop.spec import Lab, SageMakerDefaults, hyperparameters_to_argv, load_module
+from workshop.spec import SCRIPT_KEY, Lab, SageMakerDefaults, hyperparameters_to_argv, load_module
 
 __all__ = ["LABS", "Lab", "SageMakerDefaults", "find_lab", "get_lab", "get_labs", "hyperparameters_to_argv", "job_keys",
            "load_lab_folder"]
@@ -47,6 +47,9 @@ def _discover() -> dict[str, Lab]:
     labs: dict[str, Lab] = {}
     for path in sorted(REPO_ROOT.glob(LAB_FOLDER_GLOB)):
         for lab in load_lab_folder(path.parent):
+            if lab.key == SCRIPT_KEY:
+                raise WorkshopError(f"{lab.folder}/lab.py names a lab {SCRIPT_KEY!r}, the key of the jobs of scripts of "
+                                    "your own (python -m workshop run-script).", "give the lab another key.")
             if lab.key in labs:
                 raise WorkshopError(f"Two labs are called {lab.key!r} ({labs[lab.key].folder}, {lab.folder}).",
                                     "give one of them another key.")
@@ -90,5 +93,6 @@ def find_lab(key: str, folder: str | Path) -> Lab:
 
 
 def job_keys() -> list[str]:
-    """Every lab's key: the jobs the workshop role's S3 access and the cleanup cover."""
-    return list(LABS)
+    """Every lab's key, and the key of your own scripts' jobs (`workshop.spec.SCRIPT_KEY`, `python -m workshop
+    run-script`): the jobs the workshop role's S3 access and the cleanup cover."""
+    return [*LABS, SCRIPT_KEY]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,7 @@ def run_local(
     verbose: bool = False,
     stall_s: float | None = STALL_S,
     route: str | None = None,
+    cluster_options: Mapping[str, Any] | None = None,
 ) -> ClusterResult:
     """Run `lab` on the local cluster; every check happens before any process starts.
 
@@ -95,6 +97,8 @@ def run_local(
     accuracy, hosts up) and the logs' path; `verbose`: stream every rank's lines instead.
     `stall_s`: when no rank has written a line for this long, the run says it stalls and who
     stopped answering (see `LocalCluster`; None or 0: never).
+    The lab's `environment` reaches every process; `cluster_options` are more `LocalCluster` settings
+    (`instance_type`, `sm_drivers_dir`, `internet`: a script of your own's job, `workshop.script_mode`).
     """
     hosts = lab.local_hosts if hosts is None else hosts
     procs_per_host = lab.local_procs_per_host if procs_per_host is None else procs_per_host
@@ -123,6 +127,8 @@ def run_local(
         echo=echo,
         verbose=verbose,
         stall_s=stall_s,
+        extra_env=dict(lab.environment) or None,
+        **dict(cluster_options or {}),
     )
     # A folder it cannot write, or one another job is using, fails now, not after the data; the lock is
     # held until the run ends (`LocalCluster.run` takes it again for the run itself).
@@ -269,7 +275,8 @@ def run_on_sagemaker(
         say(step.what)
         step.run(plan, role_arn, session)
     trainer = build_from_plan(plan, role_arn, session, validate_role=None)
-    say(f"distributed: {type(trainer.distributed).__name__}({trainer.distributed.model_dump()})")
+    say(f"distributed: {type(trainer.distributed).__name__}({trainer.distributed.model_dump()})" if trainer.distributed
+        else "distributed: none (the entry once per host, as SageMaker runs it without distributed=)")
 
     say(f"step 4/5: uploading the {data.name} channels (unchanged files are skipped)")
     bucket = aws.default_bucket(session)

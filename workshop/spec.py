@@ -38,6 +38,10 @@ from typing import Any, Protocol
 from workshop import REPO_ROOT
 from workshop.errors import WorkshopError
 
+# The key of every job of a script of your own (`workshop.script_mode`): its job names, S3 prefix and tags, which
+# the workshop's role and cleanup cover as they cover each lab's (`workshop.labs.job_keys`). No lab may take it.
+SCRIPT_KEY = "script"
+
 
 class Launcher(Protocol):
     """How a lab's processes are started, the same way in both runtimes (see `workshop.launchers`)."""
@@ -173,6 +177,9 @@ class Lab:
     # Names that select this lab together with its siblings in the same folder (lab 2 has a
     # PyTorch and a TensorFlow script): `python -m workshop run 2_horovod` runs both.
     group_aliases: tuple[str, ...] = ()
+    # Variables every process of its jobs gets, in both runtimes (`ModelTrainer(environment=...)` on
+    # SageMaker, the local cluster's hosts too); the labs set none, a script of your own may (`workshop.script_mode`).
+    environment: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def label(self) -> str:
@@ -195,6 +202,14 @@ class Lab:
     @property
     def entry_path(self) -> Path:
         return self.source_dir / self.entry_script
+
+    @property
+    def code_folder(self) -> str:
+        """The code folder as messages name it: relative to the checkout when it is inside it (`3_data_parallel/code`)."""
+        try:
+            return self.source_dir.relative_to(REPO_ROOT).as_posix()
+        except ValueError:
+            return str(self.source_dir)
 
     def sagemaker_route(self, route: str | None = None) -> SageMakerDefaults:
         """The SageMaker defaults of `route` (None: the default route)."""
@@ -276,7 +291,7 @@ class Lab:
             detail = message[-1] if message else f"exit status {exc.code}"
             raise WorkshopError(
                 f"Invalid hyperparameters for lab {self.key!r} ({shlex.join(argv)}): {detail}",
-                f"see `python {self.folder}/code/{self.entry_script} --help` for every flag and its type.",
+                f"see `python {self.code_folder}/{self.entry_script} --help` for every flag and its type.",
             ) from None
         check = getattr(script, "check_args", None)
         if check is not None:
@@ -289,7 +304,7 @@ class Lab:
                 rules, fix = split_fix(str(exc), vars(args))
                 raise WorkshopError(
                     f"Invalid hyperparameters for lab {self.key!r}: {rules}",
-                    fix or f"change the value it names; `python {self.folder}/code/{self.entry_script} --help` "
+                    fix or f"change the value it names; `python {self.code_folder}/{self.entry_script} --help` "
                     "lists every flag with its default.",
                 ) from None
         return args

@@ -131,9 +131,11 @@ def _isolated_aws_env() -> Iterator[None]:
 
 
 def data_uris(plan: JobPlan, bucket: str) -> dict[str, str]:
-    """Where the lab's data channels are in `bucket` (its data source's S3 prefix)."""
+    """Where the lab's data channels are in `bucket` (its data source's S3 prefix); a data source's channels
+    that are S3 URIs already (its `s3_channels`, e.g. a script of your own's) are read from there."""
     prefix = plan.lab.data.s3_prefix()
-    return {channel: f"s3://{bucket}/{prefix}/{channel}" for channel in plan.lab.data.channels}
+    given = dict(getattr(plan.lab.data, "s3_channels", None) or {})
+    return {channel: given.get(channel) or f"s3://{bucket}/{prefix}/{channel}" for channel in plan.lab.data.channels}
 
 
 def _dry_run_from_plan(plan: JobPlan, role: str, inputs: Mapping[str, str] | None,
@@ -305,3 +307,88 @@ def _dry_run_role(role: str | None) -> str:
     if role.startswith("arn:"):
         return role
     return f"arn:aws:iam::{PLACEHOLDER_ACCOUNT}:role/{role}"
+
+
+def dry_run_trainer(trainer: Any, *, inputs: Mapping[str, str] | None = None, show: bool = True,
+                    region: str | None = None) -> DryRunRequest:
+    """The CreateTrainingJob request a `ModelTrainer` of your own would send once its mode is SageMaker's,
+    with no credentials at all, checked against every constraint of botocore's service model.
+
+    The trainer itself is not touched: a copy of it (every setting you gave it, as you gave it) is built
+    against moto's in-process fake AWS, with its mode `SAGEMAKER_TRAINING_JOB` (a `LOCAL_CONTAINER` trainer
+    included: the request is what flipping its mode would send), role validation off and your role (or a
+    placeholder), and its `train()` is stopped at botocore's `before-parameter-build` event, as `dry_run`
+    does for a lab. Local channels and the source folder go to the fake S3, as the SDK uploads them.
+    `inputs`: more channels, name -> URI or local path, as `train(input_data_config=...)` takes them.
+    A request the service would refuse raises a WorkshopError naming each member and the fix.
+    """
+    try:
+        import boto3
+        from moto import mock_aws
+        from sagemaker.core.training.configs import InputData
+        from sagemaker.train.model_trainer import Mode
+    except ImportError as exc:
+        raise WorkshopError(f"A dry run needs moto and the SageMaker SDK: {exc}.",
+                            "pip install -r requirements.txt (the versions the workshop pins).") from None
+    given = {name: getattr(trainer, name) for name in trainer.model_fields_set
+             if name not in ("sagemaker_session", "role", "training_mode")}
+    session_region = getattr(getattr(trainer, "sagemaker_session", None), "boto_region_name", None)
+    region = region or session_region or DRY_RUN_REGION
+    role = getattr(trainer, "role", None) or PLACEHOLDER_ROLE_ARN
+    check_role(role, "the trainer's role")
+    captured: dict[str, Any] = {}
+
+    def capture(params: dict[str, Any], **_: Any) -> None:
+        captured.update(copy.deepcopy(params))
+        raise _Captured
+
+    validate = os.environ.get("SAGEMAKER_VALIDATE_ROLE")
+    with _isolated_aws_env(), mock_aws():
+        os.environ["SAGEMAKER_VALIDATE_ROLE"] = "false"  # moto has no iam:SimulatePrincipalPolicy
+        try:
+            boto = boto3.Session(region_name=region, aws_access_key_id="dry-run", aws_secret_access_key="dry-run")
+            boto.events.register("before-parameter-build.sagemaker.CreateTrainingJob", capture)
+            session = aws.sagemaker_session(boto)
+            try:
+                clone = type(trainer)(**given, sagemaker_session=session, role=role, training_mode=Mode.SAGEMAKER_TRAINING_JOB)
+                extra = [InputData(channel_name=name, data_source=str(uri)) for name, uri in (inputs or {}).items()]
+                clone.train(input_data_config=extra or None, wait=False, logs=False)
+            except _Captured:
+                pass
+            except (ValueError, TypeError) as exc:  # the SDK's own checks (pydantic's ValidationError is one)
+                raise WorkshopError(f"The SageMaker SDK refused the trainer as a SageMaker job: {exc}",
+                                    "change what it names in the ModelTrainer(...) call.") from None
+        finally:
+            if validate is None:
+                os.environ.pop("SAGEMAKER_VALIDATE_ROLE", None)
+            else:
+                os.environ["SAGEMAKER_VALIDATE_ROLE"] = validate
+        if not captured:
+            raise RuntimeError("The SageMaker SDK did not call CreateTrainingJob; cannot dry-run.")
+        unchecked = refuse_invalid_request("CreateTrainingJob", captured)
+        request = DryRunRequest(captured)
+        request.unchecked = unchecked
+        s3 = boto.client("s3")
+        drivers = request.channel("sm_drivers")
+        if drivers:
+            bucket, prefix = split_s3(drivers)
+            for name in _DRIVER_FILES:
+                with contextlib.suppress(Exception):
+                    request.sm_drivers[name] = s3.get_object(Bucket=bucket, Key=f"{prefix}/{name}")["Body"].read().decode()
+        code = request.channel("code")
+        if code:
+            bucket, prefix = split_s3(code)
+            listing = s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])
+            request.code_files = sorted(o["Key"][len(prefix) + 1:] for o in listing)
+    if show:
+        print(json.dumps(request, indent=2, default=str), flush=True)
+        say(f"source code: {request.channel('code')} ({', '.join(request.code_files) or 'no files'})")
+        if "distributed.json" in request.sm_drivers:
+            say(f"  distributed.json: {request.sm_drivers['distributed.json']}")
+        say(f"placeholders: account {PLACEHOLDER_ACCOUNT} and its bucket"
+            + (f"; role {PLACEHOLDER_ROLE_ARN}" if role == PLACEHOLDER_ROLE_ARN else ""))
+        say(f"request: checked against every constraint of {model_source()} (lengths, patterns, enums, sizes)"
+            + "".join(f"; NOT checked: {member} against the pattern {pattern} ({why})"
+                      for member, pattern, why in request.unchecked))
+        say("dry run: nothing was uploaded or created in AWS and nothing was spent.")
+    return request

@@ -352,7 +352,7 @@ def plan_job(
             )
         notes.append(f"image: {image_uri} (yours, instead of the {framework} {version} framework image)")
         if defaults.requirements:
-            notes.append(f"the {defaults.route!r} route's {lab.folder}/code/{defaults.requirements} is not installed "
+            notes.append(f"the {defaults.route!r} route's {lab.code_folder}/{defaults.requirements} is not installed "
                          "at the job's start: your image must have those packages")
         excluded: tuple[str, ...] = ()
     else:
@@ -362,10 +362,10 @@ def plan_job(
             listed = lab.source_dir / defaults.requirements
             if not listed.is_file():
                 raise WorkshopError(f"Lab {lab.key!r}'s {defaults.route!r} route installs {listed}, which is not there.",
-                                    f"add it to {lab.folder}/code/, or correct the route's requirements= in its lab.py.")
+                                    f"add it to {lab.code_folder}/, or correct the route's requirements= in its lab.py.")
             pins = [line.strip() for line in listed.read_text().splitlines()
                     if line.strip() and not line.lstrip().startswith("#")]
-            notes.append(f"the {defaults.route!r} route's job installs {lab.folder}/code/{defaults.requirements} "
+            notes.append(f"the {defaults.route!r} route's job installs {lab.code_folder}/{defaults.requirements} "
                          f"({', '.join(pins)}) from PyPI when it starts, before its driver: it needs the internet")
         support = image_support(framework, version)
         excluded = support.no_gpu_families if support else ()
@@ -395,7 +395,7 @@ def plan_job(
         max_run_s=max_run_s,
         base_job_name=base,
         tags=_tags(user, lab, request.tags),
-        environment={"SM_CHECKPOINT_DIR": CHECKPOINT_DIR},
+        environment={**lab.environment, "SM_CHECKPOINT_DIR": CHECKPOINT_DIR},
         metric_definitions=sagemaker_metric_definitions(lab.metrics),
         subnets=subnets,
         security_group_ids=security_group_ids,
@@ -531,13 +531,13 @@ def internet_needs(plan: JobPlan) -> list[tuple[str, str]]:
     installs = route_requirements(plan)
     if installs:
         needs.append((
-            f"the {plan.sagemaker.route!r} route's job installs {plan.lab.folder}/code/{installs} from PyPI when it starts",
+            f"the {plan.sagemaker.route!r} route's job installs {plan.lab.code_folder}/{installs} from PyPI when it starts",
             "pass an image that has those packages as image_uri (the job then installs nothing)",
         ))
     requirements = plan.lab.source_dir / "requirements.txt"
-    if requirements.is_file():
+    if requirements.is_file() and installs != "requirements.txt":  # (that one is said above)
         needs.append((
-            f"sm_train.sh installs {plan.lab.folder}/code/requirements.txt from PyPI when the job starts",
+            f"sm_train.sh installs {plan.lab.code_folder}/requirements.txt from PyPI when the job starts",
             "remove requirements.txt from the code folder and pass an image that has those packages as image_uri",
         ))
     return needs

@@ -35,6 +35,8 @@ class LauncherBase:
     # Whether `local_config(..., max_restarts=K)` and a plan's `max_restarts` work: restarting every
     # rank after a failure (`workshop.spec.check_max_restarts` refuses it otherwise).
     max_restarts_supported = False
+    # The fewest hosts a job of it can have (the parameter server: a coordinator and a worker).
+    min_hosts = 1
 
     def local_config(self, lab: Lab, procs_per_host: int | None) -> Any:
         raise NotImplementedError

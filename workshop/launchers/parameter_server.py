@@ -50,6 +50,7 @@ class ParameterServerLauncher(LauncherBase):
     """One parameter server per host, the coordinator on algo-1, workers elsewhere, in both runtimes."""
 
     name = "parameter_server"
+    min_hosts = 2  # a coordinator and at least one worker
 
     def local_config(self, lab: Lab, procs_per_host: int | None) -> ParameterServer:
         from workshop.launchers.configs import ParameterServer

@@ -14,4 +14,6 @@
 - `netcounters`: the kernel's loopback byte counters, for measuring traffic.
 - `folders`: one job per folder (run and search folders made under unique names, a lock on a folder
   a job is using) and a full disk said in one line.
+- `artifacts`: what a job leaves, as SageMaker lays it out: every host's model (and output data) folder in
+  one `model.tar.gz` (`output.tar.gz`), a name two hosts wrote named.
 """

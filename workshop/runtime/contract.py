@@ -305,11 +305,14 @@ def container_command() -> list[str]:
     return [*DEFAULT_CONTAINER_ENTRYPOINT, *DEFAULT_CONTAINER_ARGUMENTS]
 
 
-def write_sm_drivers(dest: Path, source_dir: Path, entry_script: str, distributed: Any = None) -> Path:
+def write_sm_drivers(dest: Path, source_dir: Path, entry_script: str, distributed: Any = None,
+                     source_code: Any = None) -> Path:
     """The `sm_drivers` channel exactly as SDK v3's `ModelTrainer` builds it before uploading it
     (`sagemaker/train/model_trainer.py: _create_training_job_args`): the SDK's container drivers,
     its `install_requirements.py`, the `distributed=` config's driver folder, and the generated
-    `sm_train.sh`, `sourcecode.json` and `distributed.json`, by the SDK's own functions."""
+    `sm_train.sh`, `sourcecode.json` and `distributed.json`, by the SDK's own functions.
+    `source_code`: the job's own `SourceCode` (a `command=`, its `args`), instead of `source_dir` and
+    `entry_script` alone."""
     from types import SimpleNamespace
 
     import sagemaker.core.utils.install_requirements as install_requirements
@@ -325,9 +328,10 @@ def write_sm_drivers(dest: Path, source_dir: Path, entry_script: str, distribute
     if distributed is not None:
         shutil.copytree(distributed.driver_dir, dest / "distributed_drivers", dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    source_code = SourceCode(source_dir=str(source_dir), entry_script=entry_script)
+    source_code = source_code or SourceCode(source_dir=str(source_dir), entry_script=entry_script)
     tmp = SimpleNamespace(name=str(dest))
-    trainer = SimpleNamespace(_jumpstart_config=None)  # all _prepare_train_script reads of self
+    # All _prepare_train_script reads of self (hyperparameters: only for its warning about a command's)
+    trainer = SimpleNamespace(_jumpstart_config=None, hyperparameters={})
     ModelTrainer._prepare_train_script(trainer, tmp, source_code, distributed)
     ModelTrainer._write_source_code_json(trainer, tmp, source_code)
     ModelTrainer._write_distributed_json(trainer, tmp, distributed)

@@ -89,6 +89,10 @@ EXPECTED_OUTPUT: dict[str, tuple[str, ...]] = {
         "final test accuracy:", "weights digest per rank:", "ranks, one set of weights",
         "[infra] cost: at most", "[infra] quota:", "[infra] network deleted:",  # preflight, then cleanup
     ),
+    # The capstone: the ModelTrainer the notebook built, submitted itself after the preflight; its logs and model.
+    "3_data_parallel/your_script": (
+        "test accuracy:", "model files:", "step 2/3: the preflight checks", "[infra] cost: at most", "[infra] quota:",
+    ),
     # Two tuning jobs (world sizes 1 and 2), each trial run by the fake through the image's toolkit
     # and the workshop's trial entry (sagemaker-python-sdk#5610), ranked by the service.
     "3_data_parallel/job_parallelism": (

@@ -77,6 +77,7 @@ SHARED: dict[str, tuple[str, ...]] = {
     "STALE_NAMES": (HVD_PT, L3, L4),
     "clean_stale": (HVD_PT, L3, L4),
     "Divergence": (HVD_PT, L3, L4),
+    "diverged": (L1, HVD_TF),  # the TensorFlow scripts' test of a loss, as Divergence's
     # --profile-steps: torch.profiler traces per rank (workshop.profiling).
     "PROFILE_WAIT": (HVD_PT, L3, L4),
     "StepProfiler": (HVD_PT, L3, L4),

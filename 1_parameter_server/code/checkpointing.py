@@ -15,15 +15,14 @@ from contract import exit_with, restore_error
 
 CHECKPOINT_NAME = "ckpt"  # checkpoints are CHECKPOINT_NAME-<step>.index and .data-* files
 CHECKPOINTS_KEPT = 2
-# A loss this many times an untrained model's (a uniform guess over the ten digits: ln 10, 2.3) is weights that
-# blew up, whatever they do next: training diverged, as a loss that is not finite did (the labs' `Divergence`).
-DIVERGED_TIMES = 100
-UNTRAINED_LOSS = math.log(10)
 
 
-def diverged(loss: float) -> bool:
-    """Whether a loss says training diverged: not finite, or DIVERGED_TIMES times an untrained model's."""
-    return not math.isfinite(loss) or loss > DIVERGED_TIMES * UNTRAINED_LOSS
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def diverged(loss: float, classes: int = 10, times: float = 100) -> bool:
+    """Whether a loss says training diverged: not finite, or `times` times an untrained model's (the cross-entropy
+    of a uniform guess over `classes`, ln 10 = 2.3 for the digits): weights that blew up, whatever they do next
+    (the PyTorch scripts' `Divergence`)."""
+    return not math.isfinite(loss) or loss > times * math.log(classes)
 
 
 def list_checkpoints(tf, directory: str) -> list[tuple[int, str]]:
@@ -105,7 +104,7 @@ def stop_if_diverged(tf, args, values: list, test_loss: float, done: int, n: int
         what = (f"the loss was {loss:g} at step {done - n + bad[0][0] + 1} (counted in the order the steps were "
                 f"scheduled), on worker {int(bad[0][1][1])}" if bad else f"the test loss was {loss:g} after step {done}")
         if math.isfinite(loss):
-            what += f", {loss / UNTRAINED_LOSS:.3g} times an untrained model's ({UNTRAINED_LOSS:.2g})"
+            what += f", {loss / math.log(10):.3g} times an untrained model's ({math.log(10):.2g})"
         again = ("; run again with the same --checkpoint-dir: it resumes from the last checkpoint, written before "
                  "this" if list_checkpoints(tf, args.checkpoint_dir) else "")
         exit_with(

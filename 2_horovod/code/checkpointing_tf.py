@@ -32,16 +32,12 @@ def restore_on_rank0(ckpt, latest: str | None, ckpt_dir: Path, epoch, rank: int)
     return None
 
 
-# A loss this many times an untrained model's (a uniform guess over the ten digits: ln 10, 2.3) is weights that
-# blew up, whatever they do next: training diverged, as a loss that is not finite did (the PyTorch script's
-# `Divergence`).
-DIVERGED_TIMES = 100
-UNTRAINED_LOSS = math.log(10)
-
-
-def diverged(loss: float) -> bool:
-    """Whether a loss says training diverged: not finite, or DIVERGED_TIMES times an untrained model's."""
-    return not math.isfinite(loss) or loss > DIVERGED_TIMES * UNTRAINED_LOSS
+# Shared copy: keep identical in every script that has it (tests/test_copies.py).
+def diverged(loss: float, classes: int = 10, times: float = 100) -> bool:
+    """Whether a loss says training diverged: not finite, or `times` times an untrained model's (the cross-entropy
+    of a uniform guess over `classes`, ln 10 = 2.3 for the digits): weights that blew up, whatever they do next
+    (the PyTorch scripts' `Divergence`)."""
+    return not math.isfinite(loss) or loss > times * math.log(classes)
 
 
 def stop_if_diverged(hvd, model, step: int, first_bad: int, fix: str, weights: bool = False) -> None:
@@ -60,8 +56,8 @@ def stop_if_diverged(hvd, model, step: int, first_bad: int, fix: str, weights: b
     if not bad:
         return
     at, who = bad[0]
-    what = (f"the loss diverged (not finite, or over {DIVERGED_TIMES} times an untrained model's "
-            f"{UNTRAINED_LOSS:.2g}) at step {at} on rank {who}" if report[who, 0] == at
+    what = (f"the loss diverged (not finite, or over 100 times an untrained model's "
+            f"{math.log(10):.2g}) at step {at} on rank {who}" if report[who, 0] == at
             else f"rank {who}'s weights were not finite after step {at}, while its loss still was")
     exit_with(
         f"Training diverged: {what}. The run stops here, before it checkpoints the broken weights: the "

@@ -168,7 +168,7 @@ def parse_param(lab: Lab, text: str, flags: Mapping[str, argparse.Action] | None
             f"{lab.entry_script} has no hyperparameter --{name} to search.",
             (f"did you mean {' or '.join(close)}? " if close else "")
             + f"its hyperparameters: {', '.join(sorted(flags))} "
-            f"(`python {lab.folder}/code/{lab.entry_script} --help`).",
+            f"(`python {lab.code_folder}/{lab.entry_script} --help`).",
         )
     action = flags[name]
     kind = _kind(action)

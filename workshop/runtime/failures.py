@@ -227,6 +227,8 @@ def describe_failure(transcript: Transcript, hosts: list[HostResult], procs_per_
     for end in rest[:8]:
         said = _last_error(end.lines) if end.code is None or end.code >= 0 else ""
         how = ("lost its peer" + (f" ({_status(end.code)})" if end.code is not None else "")) if end.consequence else end.how
+        if said and said == error:  # every rank met the same error (a script's import or syntax): said once, above
+            said = "the same error"
         message.append(f"Then: {end.who} {how}" + (f": {said}" if said else "."))
     if len(rest) > 8:
         message.append(f"Then: {len(rest) - 8} more rank(s) failed; see the logs.")

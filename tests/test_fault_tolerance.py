@@ -291,10 +291,13 @@ def test_the_cli_kills_a_rank_on_another_host_and_the_run_recovers_exactly(tmp_p
     assert (algo2 / "fault.json").is_file() and not (algo1 / "fault.json").exists()  # the dying rank's, on algo-2
     assert (store / "checkpoint.pt").read_bytes() == (algo1 / "checkpoint.pt").read_bytes()
 
-    # Without --verbose: a few lines, the progress one with rank 0's latest numbers, no METRICS line.
+    # Without --verbose: a few lines, the progress one with rank 0's latest numbers, no METRICS line. Off a
+    # terminal the progress line also comes once a minute (a heartbeat), so a slow machine prints more of them:
+    # the last one is the job's end.
     lines = run("plain").splitlines()
-    assert len(lines) <= 6, lines
-    [progress] = [line for line in lines if line.startswith("[progress] data-parallel: 3/3 epoch(s)")]
+    assert len([line for line in lines if not line.startswith("[progress] ")]) <= 5, lines
+    progress = [line for line in lines if line.startswith("[progress] ")][-1]
+    assert progress.startswith("[progress] data-parallel: 3/3 epoch(s)"), progress
     assert re.search(r"step 93, loss [\d.]+, test acc 0\.[89]\d\d, [\d,]+ samples/s$", progress), progress
     assert any("succeeded in" in line and "logs/cluster.log" in line for line in lines)
     assert not any("METRICS" in line for line in lines)

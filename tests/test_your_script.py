@@ -438,7 +438,10 @@ def test_hyperparameters_arrive_as_sm_train_sh_delivers_them_and_what_the_script
     code = write(tmp_path / "code" / "train.py", """
         import json, os, subprocess, sys, uuid
         marker = f"workshop-left-running-{uuid.uuid4().hex}"
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", marker], start_new_session=True)
+        # Its output elsewhere: one holding the script's stdout would keep the SDK's driver reading it, on
+        # SageMaker as here, until it exits
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", marker], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "seen.json"), "w") as f:
             json.dump({"argv": sys.argv[1:], "marker": marker}, f)
     """).parent

@@ -33,7 +33,6 @@ Output: the table on stdout and `bench_runtime.{md,csv}` in `--out-dir`.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import shutil
 import statistics
@@ -47,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import load_average  # noqa: E402
+from machine import load_average, write_results  # noqa: E402
 from sagemaker.train.distributed import Torchrun  # noqa: E402
 
 from workshop.runtime.local_cluster import LocalCluster  # noqa: E402
@@ -161,12 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                "its modules from source, and the simulation's cost counts that (`make bench` writes it into "
                ".venv/pycache)." if os.environ.get("PYTHONDONTWRITEBYTECODE") else
                "Python bytecode: written and reused, as Python does by default."))
-    print("\n" + table + note, flush=True)
-    (out_dir / "bench_runtime.md").write_text(table + "\n" + note + "\n")
-    with open(out_dir / "bench_runtime.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_results(out_dir, "bench_runtime", table, note, rows)
     return 0
 
 

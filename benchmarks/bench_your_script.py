@@ -23,7 +23,6 @@ and `bench_your_script.{md,csv}` in `--out-dir`.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import shutil
@@ -39,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import load_average  # noqa: E402
+from machine import load_average, write_results  # noqa: E402
 
 UNMODIFIED = ROOT / "tests" / "fixtures" / "unmodified"
 BIN = Path(sys.executable).parent
@@ -216,12 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             "from the call to its return (sandboxes, sm_train.sh and the SDK's or the workshop's driver on every host, "
             "the run, the sweep, the archives); 'of which the job': the hosts' own run, as the cluster measured it.")
     table = "\n".join(lines)
-    print("\n" + table + note, flush=True)
-    (out_dir / "bench_your_script.md").write_text(table + "\n" + note + "\n")
-    with open(out_dir / "bench_your_script.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_results(out_dir, "bench_your_script", table, note, rows)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import os
 import platform
 from datetime import UTC, datetime
@@ -48,3 +49,14 @@ def describe_machine() -> dict[str, str]:
         f"{facts['platform']}; {facts['date']}"
     )
     return facts
+
+
+def write_results(out_dir: Path, name: str, table: str, note: str, rows: list[dict]) -> None:
+    """Print a benchmark's markdown table and its note, and write them to `<name>.md` and the rows to `<name>.csv`
+    in `out_dir`."""
+    print("\n" + table + note, flush=True)
+    (out_dir / f"{name}.md").write_text(table + "\n" + note + "\n")
+    with open(out_dir / f"{name}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)

@@ -17,6 +17,7 @@ Horovod is not ready.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -116,6 +117,36 @@ def _cost_confirmed_only_where_a_test_says_so(monkeypatch):
     from workshop.cloud.cost import CONFIRM_COST_ENV
 
     monkeypatch.delenv(CONFIRM_COST_ENV, raising=False)
+
+
+@pytest.fixture
+def kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """`kernel(**env)` starts a Jupyter kernel of this interpreter in the checkout, as a notebook's (interrupt
+    mode: signal, as JupyterLab's stop button sends), ready, with `env` added to its environment; returns its
+    manager and a started client. Both are shut down after the test."""
+    from jupyter_client import KernelManager
+
+    spec = tmp_path / "jupyter" / "kernels" / "workshop-test"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "workshop (test)", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    started = []
+
+    def start(**env: str) -> tuple[Any, Any]:
+        km = KernelManager(kernel_name="workshop-test")
+        km.start_kernel(cwd=str(REPO_ROOT), env={**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": str(REPO_ROOT), **env})
+        kc = km.client()
+        kc.start_channels()
+        started.append((km, kc))
+        kc.wait_for_ready(timeout=120)
+        return km, kc
+
+    yield start
+    for km, kc in started:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
 
 
 def repo_path(*parts: str) -> Path:

@@ -15,13 +15,7 @@ JupyterLab does, and reads every status the kernel publishes until the cell ends
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-
 import pytest
-
-from workshop import REPO_ROOT
 
 CELL = """
 import time
@@ -44,42 +38,26 @@ search.close()
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_kernel_running_a_training_cell_says_busy_until_the_cell_ends(tmp_path, mnist_dir, monkeypatch):
-    from jupyter_client import KernelManager
-
-    spec = tmp_path / "jupyter" / "kernels" / "workshop-busy-test"
-    spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "workshop (busy test)", "language": "python"}))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    km = KernelManager(kernel_name="workshop-busy-test")
-    km.start_kernel(cwd=str(REPO_ROOT), env={**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": str(REPO_ROOT)})
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=120)
-        msg_id = kc.execute(CELL.format(data_dir=str(mnist_dir), runs_dir=str(tmp_path / "runs")))
-        statuses, kinds, errors, asked_subshell = [], [], [], False
-        while True:
-            msg = kc.get_iopub_msg(timeout=300)
-            kind, content, parent = msg["header"]["msg_type"], msg["content"], msg["parent_header"]
-            kinds.append(kind)
-            if kind == "status" and (statuses or parent.get("msg_id") == msg_id):  # from the cell's start
-                statuses.append((content["execution_state"], parent.get("msg_type")))
-                if parent.get("msg_id") == msg_id and content["execution_state"] == "idle":
-                    break
-            elif kind == "error":
-                errors.append("\n".join(content["traceback"]))
-            elif kind == "comm_open" and content.get("target_name") == "jupyter.widget" and not asked_subshell:
-                # JupyterLab's widget manager, on the first widget: a subshell for the widgets' messages
-                kc.control_channel.send(kc.session.msg("create_subshell_request", {}))
-                asked_subshell = True
-        assert not errors, errors[0]
-        # From the cell's start to its end, the kernel said "busy" once and "idle" only at the end.
-        assert statuses == [("busy", "execute_request"), ("idle", "execute_request")], statuses
-        assert "comm_open" not in kinds  # no widget: the displays are outputs ...
-        assert "display_data" in kinds and "update_display_data" in kinds  # ... redrawn in place
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
+def test_a_kernel_running_a_training_cell_says_busy_until_the_cell_ends(tmp_path, mnist_dir, kernel):
+    km, kc = kernel()
+    msg_id = kc.execute(CELL.format(data_dir=str(mnist_dir), runs_dir=str(tmp_path / "runs")))
+    statuses, kinds, errors, asked_subshell = [], [], [], False
+    while True:
+        msg = kc.get_iopub_msg(timeout=300)
+        kind, content, parent = msg["header"]["msg_type"], msg["content"], msg["parent_header"]
+        kinds.append(kind)
+        if kind == "status" and (statuses or parent.get("msg_id") == msg_id):  # from the cell's start
+            statuses.append((content["execution_state"], parent.get("msg_type")))
+            if parent.get("msg_id") == msg_id and content["execution_state"] == "idle":
+                break
+        elif kind == "error":
+            errors.append("\n".join(content["traceback"]))
+        elif kind == "comm_open" and content.get("target_name") == "jupyter.widget" and not asked_subshell:
+            # JupyterLab's widget manager, on the first widget: a subshell for the widgets' messages
+            kc.control_channel.send(kc.session.msg("create_subshell_request", {}))
+            asked_subshell = True
+    assert not errors, errors[0]
+    # From the cell's start to its end, the kernel said "busy" once and "idle" only at the end.
+    assert statuses == [("busy", "execute_request"), ("idle", "execute_request")], statuses
+    assert "comm_open" not in kinds  # no widget: the displays are outputs ...
+    assert "display_data" in kinds and "update_display_data" in kinds  # ... redrawn in place

@@ -9,18 +9,13 @@ what the cell shows.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import psutil
 import pytest
-
-from workshop import REPO_ROOT
 
 
 def _carrying(token: str, besides: int) -> list[psutil.Process]:
@@ -37,24 +32,11 @@ def _carrying(token: str, besides: int) -> list[psutil.Process]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_interrupting_a_training_cell_prints_one_line_and_leaves_no_process(tmp_path, mnist_dir, monkeypatch):
-    from jupyter_client import KernelManager
-
-    spec = tmp_path / "jupyter" / "kernels" / "workshop-interrupt-test"
-    spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "workshop (interrupt test)", "language": "python"}))  # interrupt_mode: signal (SIGINT)
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+def test_interrupting_a_training_cell_prints_one_line_and_leaves_no_process(tmp_path, mnist_dir, kernel):
     token = uuid.uuid4().hex
-    km = KernelManager(kernel_name="workshop-interrupt-test")
-    km.start_kernel(cwd=str(REPO_ROOT), env={**os.environ, "INTERRUPT_TEST_TOKEN": token, "MPLBACKEND": "Agg",
-                                             "PYTHONPATH": str(REPO_ROOT)})
+    km, kc = kernel(INTERRUPT_TEST_TOKEN=token)
     kernel_pid = km.provisioner.pid
-    kc = km.client()
-    kc.start_channels()
     try:
-        kc.wait_for_ready(timeout=120)
         runs = tmp_path / "runs"
         msg_id = kc.execute(
             "from workshop.labs import get_lab\nfrom workshop.runner import run_local\n"
@@ -93,7 +75,5 @@ def test_interrupting_a_training_cell_prints_one_line_and_leaves_no_process(tmp_
             time.sleep(0.5)
         assert not left, f"{len(left)} of {started} processes outlived the interrupt: {[p.cmdline()[:4] for p in left]}"
     finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
         for proc in _carrying(token, kernel_pid):
             proc.kill()

@@ -41,7 +41,7 @@ from workshop.jobs.images import (
     retrieve_image,
 )
 from workshop.metrics import sagemaker_metric_definitions
-from workshop.spec import SCRIPT_KEY, Lab, SageMakerDefaults, check_max_restarts
+from workshop.spec import Lab, SageMakerDefaults, check_max_restarts
 
 # The base job name leaves room for "-" and the SDK's 14-digit timestamp in 63 characters.
 BASE_JOB_NAME_MAX = 63 - 15
@@ -498,9 +498,8 @@ def check_s3_scope(plan: JobPlan, role: str | None, bucket: str | None = None,
 
 def describe_plan(plan: JobPlan) -> None:
     procs = f"{plan.procs_per_host} process(es) per host" if plan.procs_per_host else "one process per GPU"
-    what = plan.lab.title if plan.lab.key == SCRIPT_KEY else f"lab {plan.lab.key}"  # "your script train.py"
     say(
-        f"{what}: {plan.instance_count} x {plan.instance_type}, {procs} "
+        f"lab {plan.lab.key}: {plan.instance_count} x {plan.instance_type}, {procs} "
         f"(world size {plan.world_size}), max run {plan.max_run_s} s, region {plan.region}"
     )
     if plan.max_restarts:

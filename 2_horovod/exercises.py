@@ -35,8 +35,11 @@ def judge_ring(answer, reference, context):
             return (f"at N={r.ranks} some rank's result differs from dist.all_reduce's (by up to {r.max_error:.3g}): "
                     "every rank must end with the sum of all N tensors, every element of it")
     for r in runs:
+        # Judged by the tensors each rank passed to send (exact everywhere); the loopback's count, shown, is a
+        # measurement, which a busy machine's barrier window can throw off (0.83x once, at load 17)
+        sent = max(r.sent_by_rank) if r.sent_by_rank else r.per_rank_bytes
         ratio = r.per_rank_bytes / r.formula_bytes
-        if abs(ratio - 1) > RING_TOLERANCE:
+        if abs(sent / r.formula_bytes - 1) > RING_TOLERANCE:
             how = "on the private loopback" if r.counted_by == "loopback" else "in the tensors passed to send"
             return (f"the sums are right, but at N={r.ranks} each rank sent {r.per_rank_bytes / r.tensor_bytes:.2f} K "
                     f"({how}), where a ring all-reduce sends 2(N-1)K/N = {r.formula_bytes / r.tensor_bytes:.2f} K "

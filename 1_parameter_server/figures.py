@@ -4,6 +4,7 @@
     figures.variables(model_dir)           # the model's variables: name -> shape, and their table
     figures.ps_load(placement, shapes)     # the bytes each parameter server holds
     figures.step_bytes_measured(records)   # the loopback bytes per step the coordinator counted
+    figures.staleness(records, alone)      # each worker's histogram of staleness, and one worker's alone
 """
 
 from __future__ import annotations
@@ -115,3 +116,47 @@ def step_bytes_table(step_bytes, K: int, workers: int, measured: float | None) -
              "measured (in K)": (measured / K) if (n == workers and measured) else ""} for n in (1, 2, 4, 16, 64)]
     show(table(rows, formats={"step_bytes (in K)": ".2f", "measured (in K)": ".3f"},
                caption=f"What one worker moves per step, K = {K:,} bytes of variables"))
+
+
+def staleness_of(records: list[dict]) -> dict:
+    """The coordinator's staleness lines (code/timeline.py's report_staleness) as numbers: {"histogram":
+    {worker: {staleness: gradients}}, "mean": {worker: mean}, "overall": mean over every gradient, "max",
+    "pushes": gradients in all}; empty where the run reported none."""
+    histogram: dict[int, dict[int, int]] = {}
+    for r in records:
+        if "staleness" in r and "pushes" in r:
+            histogram.setdefault(r["worker"], {})[r["staleness"]] = r["pushes"]
+    if not histogram:
+        return {}
+    summary = next(r for r in reversed(records) if "staleness_mean" in r)
+    return {"histogram": histogram,
+            "mean": {r["worker"]: r["worker_staleness_mean"] for r in records if "worker_staleness_mean" in r},
+            "overall": summary["staleness_mean"], "max": summary["staleness_max"], "pushes": summary["pushes_total"]}
+
+
+def staleness(records: list[dict], alone: list[dict] | None = None, slowed: int | None = None) -> dict:
+    """Bars: the share of each worker's gradients pushed with each staleness (updates other workers pushed
+    between its read and its push), and those of the one-worker run `alone` where given; `slowed` names the
+    slowed worker's rank in the legend. Returns the job's numbers (staleness_of) with "alone" (the same, of
+    the one-worker run) where given."""
+    job = staleness_of(records)
+    series = [(f"worker rank {w}{' (slowed)' if w == slowed else ''}: mean {job['mean'][w]:.2f}", counts)
+              for w, counts in sorted(job["histogram"].items())]
+    one = staleness_of(alone) if alone else {}
+    if one:
+        series.append((f"one worker alone: mean {one['overall']:.2f}", one["histogram"][min(one["histogram"])]))
+    top = max(s for _, counts in series for s in counts)
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    width = 0.8 / len(series)
+    for i, (label, counts) in enumerate(series):
+        total = sum(counts.values())
+        xs = np.arange(top + 1)
+        ax.bar(xs + (i - (len(series) - 1) / 2) * width, [counts.get(int(x), 0) / total for x in xs], width, label=label)
+    ax.set_xlabel("staleness: updates pushed by others between a step's read and its push")
+    ax.set_ylabel("share of the worker's steps")
+    ax.set_xticks(range(top + 1))
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{job['pushes']} gradients, mean staleness {job['overall']:.2f}", fontsize=10)
+    plt.show()
+    return {**job, "alone": one} if alone is not None else job

@@ -1,4 +1,5 @@
-"""Lab 1: TF_CONFIG from the host list, the launcher, 3 simulated hosts, a lost worker, a lost coordinator."""
+"""Lab 1: TF_CONFIG from the host list, the launcher, 3 simulated hosts, a lost worker, a lost coordinator, and
+the staleness of each gradient pushed."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from workshop import metrics
 from workshop.errors import WorkshopError
 from workshop.labs import get_lab
 from workshop.launchers.parameter_server import ParameterServer, job_ports, load_driver
 from workshop.runner import run_local
 from workshop.runtime.local_cluster import MARKER, LocalCluster, processes_with_marker
+from workshop.spec import load_module
 
 LAB = get_lab("parameter_server")
 DRIVER = load_driver()
@@ -84,6 +87,25 @@ def test_sagemaker_request(tmp_path):
     assert "distributed_drivers/ps_driver.py" in request.sm_drivers["sm_train.sh"]
     with pytest.raises(WorkshopError, match="at least 2 hosts"):
         sj.dry_run(LAB, hyperparameters={}, instance_count=1, show=False)
+
+
+# ----------------------------------------------------------------------------- staleness (fast)
+
+
+def test_staleness_is_reported_as_a_histogram_per_worker_and_read_back(capsys):
+    """The coordinator's report (code/timeline.py) of each step's staleness, and the notebook's reading of it
+    (figures.py): a line per worker and value seen, each worker's mean, the mean and maximum over all."""
+    timeline = load_module(LAB.source_dir / "timeline.py", "lab1_timeline", with_siblings=True)
+    figures = load_module(LAB.path / "figures.py", "lab1_figures")
+    events = [(0.1, 1, 0), (0.2, 2, 3), (0.3, 1, 1), (0.4, 1, 0), (0.5, 2, 2)]  # (time, worker, staleness) per step
+    assert timeline.staleness_histogram(events) == {1: {0: 2, 1: 1}, 2: {2: 1, 3: 1}}
+    timeline.report_staleness(events)
+    seen = figures.staleness_of(metrics.parse_lines(capsys.readouterr().out.splitlines()))
+    assert seen["histogram"] == {1: {0: 2, 1: 1}, 2: {2: 1, 3: 1}}
+    assert seen["mean"] == {1: pytest.approx(1 / 3, abs=1e-5), 2: 2.5}
+    assert (seen["overall"], seen["max"], seen["pushes"]) == (pytest.approx(6 / 5), 3, 5)
+    timeline.report_staleness([])  # a resumed run that trained nothing reports nothing
+    assert capsys.readouterr().out == "" and figures.staleness_of([]) == {}
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -254,6 +276,24 @@ def test_checkpoints_every_interval_from_one_traced_function(tmp_path, channels)
     assert not retracing, retracing[:2]
     kept = sorted(p.name for p in result.hosts[0].checkpoint_dir.glob("ckpt-*.index"))
     assert kept == ["ckpt-70.index", "ckpt-80.index"]
+    # One worker: no other update can land between a step's read and its push, so every gradient has staleness 0
+    # (the check that the count is right; the test below runs two workers).
+    assert {(r["worker"], r["staleness"]): r["pushes"] for r in result.records if "staleness" in r} == {(1, 0): 80}
+    assert result.metric("staleness_max") == 0 and result.metric("pushes_total") == 80
+
+
+@pytest.mark.slow
+def test_two_workers_push_stale_gradients_and_each_is_counted_once(tmp_path, channels):
+    """Two workers of equal speed: while one computes, the other pushes, so gradients are stale by about one
+    update; the histogram holds every step once, each worker's under its rank (one worker: the test above)."""
+    result = run(tmp_path, channels, "run", hosts=3, hyperparameters={"steps": 60, "log-interval": 30})
+    assert result.ok, result.failure
+    histogram = {(r["worker"], r["staleness"]): r["pushes"] for r in result.records if "staleness" in r}
+    totals = {r["worker"]: r["worker_total_steps"] for r in result.records if "worker_total_steps" in r}
+    assert sorted(totals) == [1, 2] and sum(histogram.values()) == 60 == result.metric("pushes_total")
+    assert {w: sum(n for (v, _), n in histogram.items() if v == w) for w in totals} == totals
+    assert result.metric("staleness_max") >= 1 and any(s > 0 for _, s in histogram)
+    assert result.metric("staleness_mean") == pytest.approx(sum(s * n for (_, s), n in histogram.items()) / 60, abs=1e-4)
 
 
 def test_marker_is_not_left_behind():

@@ -4,7 +4,8 @@ TF2's `ParameterServerStrategy` with a `ClusterCoordinator`: the model's variabl
 parameter servers (`ps` tasks; a large one is sharded across them), the coordinator (`chief`)
 runs this training loop and sends steps to the workers, and each worker, whenever it is free,
 reads the current variables, computes a gradient on its own batch and applies it to the
-parameter servers, without waiting for the other workers: the updates are asynchronous.
+parameter servers, without waiting for the other workers: the updates are asynchronous. Each step
+reports its gradient's staleness: the updates other workers pushed between its read and its push.
 
 Run it (from the lab folder):
 
@@ -18,7 +19,7 @@ Inputs follow the SageMaker training contract: hyperparameters as flags, data in
 and `test` channels (`mnist.npz`), the model to SM_MODEL_DIR (a SavedModel and `model.npz`,
 written by the coordinator), checkpoints to SM_CHECKPOINT_DIR (resumed when present). The
 modules beside this script in code/ hold the flags (arguments.py), the contract (contract.py),
-the processes' set-up (cluster.py), the checkpoints (checkpointing.py) and a timeline report.
+the processes' set-up (cluster.py), the checkpoints (checkpointing.py) and the reports (timeline.py).
 
 Keras 3 (TensorFlow 2.16+) cannot `model.fit` under ParameterServerStrategy, so the model is a
 plain `tf.Module` and the loop is `ClusterCoordinator.schedule`: the clearer thing to teach.
@@ -41,7 +42,7 @@ from arguments import build_parser, check_args  # noqa: E402
 from checkpointing import checkpoint_writer, resume, stop_if_diverged  # noqa: E402
 from cluster import WORKER_ID_FILE, Window, configure_threads, in_process_resolver, write_worker_id  # noqa: E402
 from contract import load_channel, metrics, normalize, restore_error, run_configuration, save_model  # noqa: E402, F401 (restore_error: the tests read it here)
-from timeline import report_timeline  # noqa: E402
+from timeline import count_push, report_staleness, report_timeline  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -109,6 +110,8 @@ def run_coordinator(tf, args, resolver) -> int:
             with strategy.extended.colocate_vars_with(var):
                 slots.append(tf.Variable(tf.zeros(var.shape), trainable=False, name=var.name.split(":")[0] + "_momentum"))
         step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        # Staleness: the updates pushed so far (created last: the model's variables keep their places).
+        updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="updates_pushed")
 
     placement = {name: [v.device for v in components(model.weights[name])] for name in SHAPES}
     for name, devices in placement.items():  # where each variable (each shard of it) lives
@@ -140,6 +143,8 @@ def run_coordinator(tf, args, resolver) -> int:
         # PS: executes on whichever worker is free: read the variables from the parameter servers,
         # compute the gradient of one batch, and apply it there at once, without waiting for others.
         x, y, worker = next(iterator)
+        # Staleness: the count of updates, read with the variables as the step starts (on every server at once).
+        read_at = updates.read_value()
         with tf.GradientTape() as tape:
             logits = model(x)
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
@@ -151,12 +156,13 @@ def run_coordinator(tf, args, resolver) -> int:
             with tf.device(var.device):
                 slot.assign(momentum * slot + grad)
                 var.assign_sub(lr * slot)
-        return loss, worker, tf.timestamp()
+        # Staleness: the updates other workers pushed between this step's read and its push.
+        return loss, worker, tf.timestamp(), count_push(tf, updates, after=grads) - read_at
 
     config = run_configuration(tf, args, spec, placement)  # printed once, and saved beside the model
 
     done = int(step_counter.numpy())
-    events: list[tuple[float, int]] = []  # (time the step ended on its worker, worker rank)
+    events: list[tuple[float, int, int]] = []  # (time the step ended on its worker, worker rank, staleness)
     test_loss = test_acc = float("nan")
     t0, window = time.time(), Window(spec)
     while done < args.steps:
@@ -166,7 +172,7 @@ def run_coordinator(tf, args, resolver) -> int:
             results = [coordinator.schedule(train_step, args=(per_worker_iterator,)) for _ in range(n)]
             coordinator.join()  # wait for these steps (a worker that died has its steps rerun elsewhere)
         values = [r.fetch() for r in results]
-        events += [(float(v[2]), int(v[1])) for v in values]
+        events += [(float(v[2]), int(v[1]), int(v[3])) for v in values]
         done += n
         step_counter.assign(done)
         test_loss, test_acc = evaluate(tf, model, test_x, test_y)
@@ -178,8 +184,9 @@ def run_coordinator(tf, args, resolver) -> int:
     if not events:  # a finished run resumed: report the model as it is
         test_loss, test_acc = evaluate(tf, model, test_x, test_y)
     report_timeline(events, t0, args.timeline_bin_s)
+    report_staleness(events)
     metrics(rank=0, final_test_accuracy=test_acc, final_test_loss=test_loss, steps=done,
-            workers_used=len({w for _, w in events}), wall_time_s=time.time() - t_start)
+            workers_used=len({w for _, w, _ in events}), wall_time_s=time.time() - t_start)
     # PS: the trained variables, read from the parameter servers, saved as a SavedModel and model.npz.
     weights = {name: tf.convert_to_tensor(var).numpy() for name, var in model.weights.items()}
     save_model(tf, args.model_dir, make_model_class(tf), weights, config, test_acc)

@@ -339,6 +339,7 @@ def test_run_script_in_sagemaker_mode_dry_runs_the_modeltrainer_you_would_write(
     assert request["TrainingJobName"].startswith("alice-example-script-")
     assert "pytorch:2.13-cpu-amzn2023" in request["AlgorithmSpecification"]["TrainingImage"]
     assert "requirements.txt" in out and "checked against every constraint" in out
+    assert "your script train.py: 2 x ml.m5.xlarge" in out and "lab script" not in out  # the summary's first line
 
 
 def test_the_workshop_role_covers_your_scripts_jobs(no_aws):

@@ -187,6 +187,11 @@ class Lab:
         return self.folder_name if self.entry_script == "train.py" else f"{self.folder_name} ({Path(self.entry_script).stem})"
 
     @property
+    def job_label(self) -> str:
+        """What a job's summary calls what it runs (`lab data_parallel: 2 x ml.m5.xlarge ...`)."""
+        return f"lab {self.key}"
+
+    @property
     def folder_name(self) -> str:
         return Path(self.folder).name
 

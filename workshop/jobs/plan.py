@@ -499,7 +499,7 @@ def check_s3_scope(plan: JobPlan, role: str | None, bucket: str | None = None,
 def describe_plan(plan: JobPlan) -> None:
     procs = f"{plan.procs_per_host} process(es) per host" if plan.procs_per_host else "one process per GPU"
     say(
-        f"lab {plan.lab.key}: {plan.instance_count} x {plan.instance_type}, {procs} "
+        f"{plan.lab.job_label}: {plan.instance_count} x {plan.instance_type}, {procs} "
         f"(world size {plan.world_size}), max run {plan.max_run_s} s, region {plan.region}"
     )
     if plan.max_restarts:

@@ -43,6 +43,10 @@ class ScriptSpec(Lab):
         return f"your script {self.entry_script}"
 
     @property
+    def job_label(self) -> str:
+        return self.label  # the summary says "your script train.py", not the key its jobs are filed under
+
+    @property
     def has_parser(self) -> bool:
         """Whether the entry defines `build_parser()` at its top level (then its flags are checked here too)."""
         tree = parse_script(self.entry_path)

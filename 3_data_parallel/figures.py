@@ -2,7 +2,8 @@
 
     from figures import plot_recovery                  # the notebooks put this folder on sys.path
 
-data_parallel.ipynb: `plot_efficiency` (the planner's scaling efficiency). job_parallelism.ipynb:
+data_parallel.ipynb: `plot_efficiency` (the planner's scaling efficiency), `plot_accumulation` (the train losses of
+1 rank at --grad-accum 2 and of 2 ranks, step by step). job_parallelism.ipynb:
 `plot_lr_curves` (accuracy against the learning rate, per world size). fault_tolerance.ipynb:
 `plot_recovery` (the loss and the clock of a run that lost a rank, against one that did not). Each returns
 its figure; the notebook shows it (`plt.show()`). The numbers they draw are read by findings.py.
@@ -31,6 +32,21 @@ def plot_efficiency(gpus: Sequence[int], efficiency: Mapping[str, Sequence[float
     ax.set(xlabel="GPUs (8 per ml.p4d.24xlarge)", ylabel="predicted scaling efficiency", ylim=(0, 1.05), title=title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_accumulation(comparison: Any, title: str = "The same global batch, split over ranks or micro-batches"):
+    """The train loss of each optimizer step over its whole global batch, for 2 ranks at K = 1 and for 1 rank at
+    K = 2 (an accumulation.Comparison): one tick per step."""
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for run, style in ((comparison.reference, "o-"), (comparison.one_rank, "s--")):
+        losses = run.losses()
+        ax.plot(list(losses), list(losses.values()), style, label=f"{run.label} (global batch {run.global_batch})")
+    ax.set_xticks(list(losses))
+    ax.set(xlabel="optimizer step", ylabel="train loss (global batch)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
     return fig
 
 

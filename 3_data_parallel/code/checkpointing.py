@@ -263,15 +263,18 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def resume(checkpoint_dir: Path, model: nn.Module, optimizer, rank: int, world_size: int, attempt: int,
-           epochs: int, batch_size: int, per_epoch: int) -> tuple[int, int, int, dict | None, dict | None]:
+           epochs: int, batch_size: int, per_epoch: int, grad_accum: int = 1) -> tuple[int, int, int, dict | None, dict | None]:
     """Every rank, before training: where this run starts. Rank 0 removes what a killed save left
     (clean_stale) and loads `checkpoint.pt` if there is one (verified: a damaged one stops every rank, named);
     every rank loads the model and optimizer from it and prints (rank 0) where it resumes.
 
     Returns (the first epoch, the batches of it already done, the global step, the RNG state still to
     restore at that batch (None: restored already, or none), the recovery to report (rank 0, after a restart)
-    or None). The position: `epoch` whole epochs done, then `batch` batches of the next (0 at an epoch's end).
-    """
+    or None). The position: `epoch` whole epochs done, then `batch` batches of the next (0 at an epoch's end):
+    micro-batches of `batch_size`, `grad_accum` (--grad-accum) to an optimizer step, of which the epoch has
+    `per_epoch`. A run resumes at an optimizer step's boundary: where the checkpoint's world, batch or
+    --grad-accum differ from this run's, at the last whole step of this run's shape before the same share
+    of the epoch (its few micro-batches past it are trained on again)."""
     ckpt_dir = Path(checkpoint_dir)
     ckpt_path = ckpt_dir / "checkpoint.pt"
     state = [None]  # rank 0's checkpoint, or (text) why it cannot be resumed from
@@ -294,10 +297,11 @@ def resume(checkpoint_dir: Path, model: nn.Module, optimizer, rank: int, world_s
         unwrap(model).load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         start_epoch, skip = ckpt["epoch"] + 1, ckpt.get("batch", 0)
-        step = ckpt.get("step", ckpt["epoch"] * per_epoch + skip)
+        step = ckpt.get("step", ckpt["epoch"] * per_epoch + skip // grad_accum)
         resharded = skip and (ckpt.get("world_size"), ckpt.get("batch_size")) != (world_size, batch_size)
         if resharded:  # the same share of the epoch's samples, in batches of this world's shape
             skip = skip * ckpt["world_size"] * ckpt["batch_size"] // (world_size * batch_size)
+        skip -= skip % grad_accum  # whole optimizer steps of this run's --grad-accum
         rngs = ckpt.get("rng") or [None]
         rng = rngs[rank] if len(rngs) == world_size else rngs[0]
         if rank == 0:
@@ -308,7 +312,9 @@ def resume(checkpoint_dir: Path, model: nn.Module, optimizer, rank: int, world_s
                       f"(step {step}) and this run trains --epochs {epochs}; its model is evaluated and saved "
                       "as it is.", flush=True)
             elif skip:
-                print(f"Resumed from {ckpt_path} in epoch {start_epoch}, after its batch {skip} of {per_epoch}"
+                done = f"batch {skip} of {per_epoch}" if grad_accum == 1 else \
+                    f"micro-batch {skip} of {per_epoch * grad_accum} (optimizer step {skip // grad_accum} of {per_epoch})"
+                print(f"Resumed from {ckpt_path} in epoch {start_epoch}, after its {done}"
                       + (f" (rescaled from a world of {ckpt['world_size']} x {ckpt['batch_size']}: the rest of "
                          "the epoch is split differently)" if resharded else "") + ".", flush=True)
             else:

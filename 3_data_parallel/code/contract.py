@@ -176,7 +176,9 @@ def cpu_threads(requested: int, local_world_size: int) -> int:
 def describe_run(args: argparse.Namespace, rank: int, world_size: int, backend: str, why: str, device: torch.device,
                  threads: int, lr: float, train_samples: int, test_samples: int) -> dict:
     """The run's configuration, saved beside the model (config.json). Rank 0 prints it, after the backend
-    and why it was chosen, and the global batch and learning rate the world size makes."""
+    and why it was chosen, and the global batch and learning rate the world size (and --grad-accum) make."""
+    accum = getattr(args, "grad_accum", 1)
+    global_batch = args.batch_size * accum * world_size
     config = {
         "args": vars(args),
         "world_size": world_size,
@@ -185,7 +187,7 @@ def describe_run(args: argparse.Namespace, rank: int, world_size: int, backend: 
         "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
         "device": str(device),
         "threads_per_rank": threads,
-        "global_batch_size": args.batch_size * world_size,
+        "global_batch_size": global_batch,
         "effective_lr": lr,
         "train_samples": train_samples,
         "test_samples": test_samples,
@@ -195,10 +197,12 @@ def describe_run(args: argparse.Namespace, rank: int, world_size: int, backend: 
     }
     if rank == 0:
         print(f"Backend {why}.", flush=True)
+        split = f"{args.batch_size} x {accum} micro-batches x {world_size} rank{'s' * (world_size > 1)}" if accum > 1 else \
+            f"{args.batch_size} x {world_size}"
+        factor = f"{world_size} x {accum}" if accum > 1 else f"{world_size}"
         print(
-            f"World size {world_size}: global batch {args.batch_size} x {world_size} = "
-            f"{args.batch_size * world_size}; learning rate "
-            + (f"{args.lr} x {world_size} = {lr:g} (linear scaling rule)" if args.scale_lr else f"{lr:g} (not scaled)"),
+            f"World size {world_size}: global batch {split} = {global_batch}; learning rate "
+            + (f"{args.lr} x {factor} = {lr:g} (linear scaling rule)" if args.scale_lr else f"{lr:g} (not scaled)"),
             flush=True,
         )
         print("Configuration: " + json.dumps(config, sort_keys=True), flush=True)

@@ -3,12 +3,15 @@
 Every rank holds a full copy of the model and trains on its own shard of each epoch
 (DistributedSampler). After each backward pass, DistributedDataParallel all-reduces the
 gradients, so every rank applies the same averaged update and the copies stay identical.
-The lines that make it distributed carry a `DDP:` comment: the process group (`ddp_setup`), the
-wrap (`DDP(...)`), the sampler, and the collectives that evaluate, compare and finish. Run it from the
-lab folder:
+With `--grad-accum K` an optimizer step adds up the gradients of K micro-batches and all-reduces
+once, after the last (`no_sync()` for the others): the global batch is --batch-size x K x the world
+size, for the bytes of one. The lines that make it distributed carry a `DDP:` comment: the process
+group (`ddp_setup`), the wrap (`DDP(...)`), the sampler, the skipped all-reduces, and the collectives
+that evaluate, compare and finish. Run it from the lab folder:
 
     python code/train.py                              # one process, no launcher needed
     torchrun --nproc-per-node 2 code/train.py         # 2 ranks on this machine
+    python code/train.py --grad-accum 2               # 1 rank, the global batch of 2 ranks (and their lr)
     python -m workshop run data_parallel --hosts 2    # 2 simulated SageMaker hosts
     # On SageMaker, SDK v3's Torchrun() runs `torchrun --nnodes=... train.py --epochs ...` on every host.
 
@@ -18,7 +21,9 @@ checkpoints, restarts (`torchrun --max-restarts`) and `--profile-steps` are in t
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import itertools
 import json
 import sys
 import time
@@ -105,15 +110,16 @@ def main(argv=None) -> int:
     distributed = world_size > 1
     attempt = ddp_setup(backend, device, world_size)  # 0, or how many times torchrun --max-restarts restarted us
 
-    # DDP: the global batch grows with the world size, so the learning rate does too (linear scaling rule, --scale-lr)
-    lr = args.lr * world_size if args.scale_lr else args.lr
+    K = args.grad_accum  # micro-batches per optimizer step
+    # DDP: the global batch grows with the world size (and K), so the learning rate does too (--scale-lr)
+    lr = args.lr * world_size * K if args.scale_lr else args.lr
     config = describe_run(args, rank, world_size, backend, why, device, threads, lr, len(train_set), len(test_set))
 
     model = Net().to(device)
     if distributed:
         # DDP: wrap the model; construction broadcasts rank 0's weights to every rank, and
         # backward() all-reduces (averages) the gradients, bucket by bucket, overlapped with compute.
-        model = DDP(model, device_ids=[local_rank] if cuda else None)
+        model = DDP(model, device_ids=[local_rank] if cuda else None, bucket_cap_mb=args.bucket_cap_mb or None)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 
     # DDP: each rank draws a disjoint 1/world_size shard of every (reshuffled) epoch.
@@ -125,15 +131,15 @@ def main(argv=None) -> int:
     ckpt_dir = Path(args.checkpoint_dir)
     ckpt_path = ckpt_dir / "checkpoint.pt"
     start_epoch, skip, step, rng, recovery = resume(ckpt_dir, model, optimizer, rank, world_size, attempt,
-                                                    args.epochs, args.batch_size, per_epoch)
+                                                    args.epochs, args.batch_size, per_epoch, K)
     restarts = Restarts(args.fault, rank, ckpt_dir, attempt, recovery, step)  # --fault, and the recovery's report
     profiler = StepProfiler(args.profile_steps, args.output_dir, rank)  # --profile-steps (0: off)
     diverged = Divergence(device, rank, world_size, lambda t: dist.all_reduce(t) or t, divergence_fix(args, world_size), classes=10)
     test_loss = test_acc = float("nan")
     for epoch in range(start_epoch, args.epochs + 1):
         sampler.set_epoch(epoch)  # DDP: a new shuffle each epoch, the same on every rank
-        first = skip + 1 if epoch == start_epoch else 1  # the epoch's first batch still to train on
-        loader.sampler.skip = (first - 1) * args.batch_size
+        first = skip // K + 1 if epoch == start_epoch else 1  # the epoch's first optimizer step still to take
+        loader.sampler.skip = (first - 1) * K * args.batch_size
         model.train()
         t0, seen = time.perf_counter(), 0
         batches = iter(loader)  # draws a seed from the global RNG (unused without workers), every epoch
@@ -141,15 +147,20 @@ def main(argv=None) -> int:
             set_rng_state(rng)  # resumed mid-epoch: after that draw, where the checkpoint took the state
             rng = None
         profiler.start(epoch)
-        for i, (x, y) in zip(range(first, per_epoch + 1), batches, strict=False):
-            x, y = x.to(device), y.to(device)
+        for i in range(first, per_epoch + 1):  # optimizer steps, each of K micro-batches
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()  # DDP: gradients are all-reduced here
+            loss, samples = torch.zeros((), device=device), 0  # this rank's mean loss over the step's micro-batches
+            for m, (x, y) in enumerate(itertools.islice(batches, K)):
+                x, y = x.to(device), y.to(device)
+                # DDP: no all-reduce for the first K-1 micro-batches: their gradients add up in .grad, on this rank
+                with model.no_sync() if distributed and m < K - 1 else contextlib.nullcontext():
+                    micro = F.cross_entropy(model(x), y) / K  # / K: the sum of K micro-batches' is their mean
+                    micro.backward()  # DDP: gradients are all-reduced here (the step's last micro-batch)
+                loss, samples = loss + micro.detach(), samples + len(y)
             optimizer.step()
-            profiler.step(len(y))  # --profile-steps: one ProfilerStep ends here
+            profiler.step(samples)  # --profile-steps: one ProfilerStep ends here
             step += 1
-            seen += len(y)
+            seen += samples
             diverged.note(loss, step)
             if i % args.log_interval == 0:
                 # time: wall clock (Unix seconds), to place the steps of every attempt on one time axis
@@ -158,8 +169,8 @@ def main(argv=None) -> int:
                 restarts.logged(step)
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 diverged.check(step, weights=model)  # never a checkpoint of diverged weights
-                checkpoint(ckpt_path, model, optimizer, {"epoch": epoch - 1, "batch": i, "step": step}, args.batch_size,
-                           rank, world_size)
+                checkpoint(ckpt_path, model, optimizer, {"epoch": epoch - 1, "batch": i * K, "step": step}, args.batch_size,
+                           rank, world_size)  # batch: micro-batches done
             restarts.stepped(step)  # --fault: die here, after this step (and its checkpoint)
         epoch_time = time.perf_counter() - t0
         profiler.stop()  # an epoch shorter than the profiled window: its trace holds what it had
@@ -169,7 +180,8 @@ def main(argv=None) -> int:
         test_loss, test_acc = evaluate(model, test_set, rank, world_size, device)
         if rank == 0:
             metrics(rank=0, epoch=epoch, step=step, test_loss=test_loss, test_accuracy=test_acc,
-                    epoch_time_s=epoch_time, samples_per_sec=seen * world_size / epoch_time)
+                    epoch_time_s=epoch_time, samples_per_sec=seen * world_size / epoch_time,
+                    global_batch=args.batch_size * K * world_size)
         checkpoint(ckpt_path, model, optimizer, {"epoch": epoch, "batch": 0, "step": step}, args.batch_size, rank,
                    world_size)
     restarts.trained()

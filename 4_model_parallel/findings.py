@@ -184,3 +184,104 @@ def check_profiles(profiles: Mapping[str, Any], c: Comm) -> None:
             assert s.steps >= 1 and s.bytes_per_step > 0, (name, s)
     assert all(abs(s.bytes_per_step - c.ddp_sent) <= 1e-6 * c.ddp_sent for s in profiles["DDP"].summaries), c.ddp_sent
     assert all(abs(s.bytes_per_step - c.sent) <= 1e-6 * c.sent for s in profiles["FSDP"].summaries), c.sent
+
+
+# ----------------------------------------------------------------------------- pipeline parallel (code/pipeline.py)
+
+Records = Sequence[Mapping[str, Any]]
+
+
+def pipeline_planner(records: Records) -> tuple[planner.Model, planner.InstanceType]:
+    """code/pipeline.py's model and this machine as the planner sees them, from the run's own measurements: the whole
+    model's forward and backward in one process (its compute per sample) and the ping-pong between the stages (the
+    link's latency and bandwidth). Nothing is fitted to the pipeline's steps."""
+    import statistics
+
+    r = records[0]
+    d, per, batch, p = r["d_model"], r["layers_per_stage"], r["batch_size"], r["world_size"]
+    compute = statistics.median(x["one_process_compute_s"] for x in records)
+    model = planner.Model(
+        "code/pipeline.py's Linear + Tanh stack", params=p * per * (d * d + d), compute_s_per_sample=compute / batch,
+        # per sample, each stage keeps its input and each layer's Tanh output (the next Linear's input): fp32
+        activation_bytes_per_sample=p * (per + 1) * d * 4, handoff_bytes_per_sample=d * 4)
+    machine = planner.local_instance(p, statistics.median(x["p2p_alpha_s"] for x in records),
+                                     statistics.median(x["p2p_bandwidth_Bps"] for x in records),
+                                     name=f"this machine, {p} stages of one core each")
+    return model, machine
+
+
+def pipeline_rows(records: Records) -> list[dict[str, Any]]:
+    """One row per schedule and m: each stage's idle share, its share waiting for a core, step and activations (medians
+    over the repeated runs' records), beside the bubble (p-1)/(m+p-1) and the planner's step and activations."""
+    import statistics
+
+    model, machine = pipeline_planner(records)
+    rows = []
+    for schedule, m in sorted({(r["schedule"], r["microbatches"]) for r in records},
+                              key=lambda k: (planner.SCHEDULES.index(k[0]), k[1])):
+        mine = [r for r in records if (r["schedule"], r["microbatches"]) == (schedule, m)]
+        stages = sorted({r["rank"] for r in mine})
+        of = {s: [r for r in mine if r["rank"] == s] for s in stages}
+        p, batch = mine[0]["world_size"], mine[0]["batch_size"]
+        predicted = planner.pipeline_step(model, machine, p, m, batch, schedule)
+        steps = [statistics.median(r["step_s"] for r in of[s]) for s in stages]
+        rows.append({
+            "schedule": schedule, "m": m, "stages": p,
+            "idle": [statistics.median(r["idle_share"] for r in of[s]) for s in stages],
+            "queued": [statistics.median(r["queued_share"] for r in of[s]) for s in stages],
+            "bubble": planner.bubble(p, m),
+            "held": [max(r["peak_microbatches"] for r in of[s]) for s in stages],
+            "saved_bytes": [max(r["peak_saved_bytes"] for r in of[s]) for s in stages],
+            "step_s": statistics.median(steps), "step_range_s": (min(r["step_s"] for r in mine),
+                                                                max(r["step_s"] for r in mine)),
+            "planner": predicted, "runs": len(of[stages[0]]),
+        })
+    return rows
+
+
+def pipeline_table(records: Records, bubble=planner.bubble):
+    """The run as a table: per schedule and m, each stage's idle share beside `bubble(p, m)` (yours, in the
+    notebook) and its share waiting for a core, the micro-batches and bytes each stage kept for backward, and the step against the planner's."""
+    from workshop.teaching import table
+
+    def per_stage(values, spec):
+        return " / ".join(format(v, spec) for v in values)
+
+    shown = []
+    for r in pipeline_rows(records):
+        shown.append({"schedule": "GPipe" if r["schedule"] == planner.GPIPE else "1F1B", "m": r["m"],
+                      "idle share, per stage": per_stage(r["idle"], ".2f"), "bubble(p, m)": bubble(r["stages"], r["m"]),
+                      "waited for a core": per_stage(r["queued"], ".2f"),
+                      "micro-batches kept": per_stage(r["held"], "d"),
+                      "MB kept": per_stage([b / 1e6 for b in r["saved_bytes"]], ".1f"),
+                      "step ms": r["step_s"] * 1e3, "planner ms": r["planner"].total_s * 1e3})
+    return table(shown, formats={"bubble(p, m)": ".2f", "step ms": ".0f", "planner ms": ".0f"},
+                 right=("idle share, per stage", "waited for a core", "micro-batches kept", "MB kept"),
+                 caption="each stage's share of the step not in its own forward or backward, the share it was ready "
+                         "but other processes had the cores, and what it kept for backward at once (stage 0 / stage 1)")
+
+
+def check_pipeline(records: Records, tolerance: float = 1e-4) -> None:
+    """What code/pipeline.py's run must show whatever the machine's speed: every schedule's loss and gradients are one
+    process's (to `tolerance`, relative), GPipe's and 1F1B's losses agree at every m, GPipe keeps all m micro-batches'
+    activations on every stage (the whole batch's bytes), and 1F1B at most p on any stage, p on the first (when m >= p),
+    exactly the bytes the planner's pipeline model says."""
+    model, _ = pipeline_planner(records)
+    for r in records:
+        where = (r["schedule"], r["microbatches"], r["rank"])
+        assert r["max_rel_diff"] <= tolerance, (where, r["max_rel_diff"])
+        p, m, batch = r["world_size"], r["microbatches"], r["batch_size"]
+        if r["schedule"] == planner.GPIPE:
+            assert r["peak_microbatches"] == m, (where, r["peak_microbatches"])
+        else:
+            assert r["peak_microbatches"] <= p, (where, r["peak_microbatches"])
+        if r["rank"] == 0:
+            expected = planner.pipeline_step(model, planner.local_instance(p, 1e-4, 1e9), p, m, batch, r["schedule"])
+            assert r["peak_microbatches"] == expected.microbatches_held, (where, r["peak_microbatches"])
+            assert r["peak_saved_bytes"] == expected.activation_bytes, (where, r["peak_saved_bytes"],
+                                                                       expected.activation_bytes)
+    last = {(r["schedule"], r["microbatches"]): r["loss"] for r in records if r["rank"] == r["world_size"] - 1}
+    for (schedule, m), loss in last.items():
+        if schedule == planner.ONE_F_ONE_B:
+            gpipe = last.get((planner.GPIPE, m), loss)
+            assert abs(loss - gpipe) <= 1e-6 * abs(gpipe), (m, loss, gpipe)

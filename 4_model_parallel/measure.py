@@ -4,6 +4,7 @@ theory with DeepSpeed's fp32 master copy), and the tables the notebook shows of 
 
     python 4_model_parallel/measure.py                 # the memory table
     from measure import MEASURE_MODEL, measure, grid   # what the notebook calls (its folder is on the path)
+    from measure import pipeline                       # code/pipeline.py's GPipe and 1F1B on 2 stages
 
 Each measurement is one run of the lab's own script on one simulated host with `world_size`
 processes (`workshop.runner.run_local`); the script prints each rank's accounting line.
@@ -31,6 +32,10 @@ MEASURE_MODEL = {"layers": 2, "d-model": 64, "heads": 4, "seq-len": 32, "batch-s
 THREADS_PER_RANK = 1  # the same at every world size (see above)
 TECHNIQUES = ("no_shard", "optimizer", "shard_grad_op", "full_shard")  # PyTorch's, at every world size N > 1
 KB = 1e3
+# code/pipeline.py's model: 2 stages of Linear + Tanh layers, sized so that one micro-batch's forward and backward
+# (tens of ms at m = 8) dwarf what a hand-off and the schedule's own work cost per micro-batch (well under 1 ms).
+PIPELINE_MODEL = {"d-model": 512, "layers-per-stage": 4, "batch-size": 1024}
+PIPELINE_MICROBATCHES = (1, 2, 4, 8)
 
 
 def grid(world_sizes: Sequence[int]) -> list[tuple[str, int, dict[str, Any]]]:
@@ -119,6 +124,30 @@ def measure(
     rows = [r for r in result.records if "state_bytes" in r]
     final = {k: result.metric(k) for k in ("final_train_loss", "test_loss", "test_accuracy")}
     return [{**r, **final} for r in sorted(rows, key=lambda r: r["rank"])]
+
+
+def pipeline(microbatches: Sequence[int] = PIPELINE_MICROBATCHES, *, steps: int = 3, stages: int = 2,
+             model: Mapping[str, Any] | None = None, timeout: float = 600) -> list[dict[str, Any]]:
+    """One run of `code/pipeline.py` on `stages` local processes (torchrun, gloo, one thread each): GPipe and 1F1B
+    at each m of `microbatches`; returns every record (one per schedule, m and stage, with its timeline)."""
+    import json
+    import subprocess
+    import tempfile
+
+    flags = {**PIPELINE_MODEL, **(model or {})}
+    with tempfile.TemporaryDirectory(prefix="pipeline-") as tmp:
+        out = os.path.join(tmp, "pipeline.json")
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(stages),
+                str(get_lab("model_parallel").source_dir / "pipeline.py"), "--out", out, "--steps", str(steps),
+                "--microbatches", *map(str, microbatches),
+                *[x for key, value in flags.items() for x in (f"--{key}", str(value))]]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+        if proc.returncode != 0 or not os.path.exists(out):
+            raise RuntimeError(f"code/pipeline.py failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                               f"{proc.stderr[-3000:]}")
+        with open(out) as f:
+            return json.load(f)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -103,8 +103,27 @@ Compute per step = per-GPU batch x seconds per sample: measured, or FLOPs per sa
 instance than it has devices (a CPU host running 4 ranks on 2 cores), they time-share:
 compute is multiplied by procs / devices.
 
-Known simplifications, on purpose: no tensor- or pipeline-parallel communication (a
+Pipeline parallel (`pipeline_step`): the model's layers cut into p stages of equal compute, one per
+GPU, and each step's batch into m micro-batches. A stage computes one micro-batch's forward and
+backward in t = compute / m, where compute is its share of the step (batch x seconds per sample / p).
+GPipe (Huang et al., "GPipe", 2019, https://arxiv.org/abs/1811.06965: every forward, then every
+backward) and 1F1B (Narayanan et al., "PipeDream", SOSP'19, and Megatron-LM's schedule, SC'21,
+https://arxiv.org/abs/2104.04473, section 2.2: after p forwards, one backward per forward) both fill
+and drain the pipeline: each stage waits p-1 slots of t in all, so
+
+    step = (m + p - 1) t + 2(p - 1) (alpha + b / B)        bubble = (p-1)/(m+p-1) of (m+p-1) t
+
+where b is one micro-batch's hand-off (the boundary activation in forward, its gradient in backward:
+batch / m x `Model.handoff_bytes_per_sample`), sent point to point; the hand-offs of the fill and
+the drain lie on the critical path, the rest overlap compute. What differs is memory: a stage keeps
+the activations of every micro-batch whose forward ran and whose backward has not: GPipe all m
+(the whole batch's, whatever m is), 1F1B at most p on the first stage (p/m of GPipe's). 1F1B needs
+m >= p. Consecutive stages sit on one instance while p fits in it (its intra-node link), else they
+cross the network (a GPU's share of it).
+
+Known simplifications, on purpose: no tensor-parallel communication (a
 `tensor_parallel` degree only divides the weights each data-parallel rank holds and syncs);
+pipeline stages are equal and the pipeline is not combined with data parallelism here;
 offload adds host-device transfers at `pcie_GBps` but not the CPU's optimizer time; no
 stragglers, no input pipeline. Validation against measurements and published figures:
 benchmarks/bench_strategies.py and its report.
@@ -313,6 +332,9 @@ class Model:
     # (lab 4: one per transformer block + the root's embeddings and head; lab 3's CNN in
     # benchmarks/workers/cnn_worker.py: its 4 layers). Only full sharding's step time uses it.
     fsdp_units: int = 1
+    # Bytes one sample hands from a pipeline stage to the next (the boundary activation; its gradient
+    # comes back as many): only pipeline_step uses it. A transformer's: seq_len x d_model x 2 (16-bit).
+    handoff_bytes_per_sample: float = 0.0
 
     def __post_init__(self):
         if not self.params > 0:
@@ -326,6 +348,9 @@ class Model:
             if value is not None and not value > 0:
                 raise WorkshopError(f"Model {self.name!r}: {name} must be positive, got {value}.",
                                     "leave it None or give a positive number.")
+        if self.handoff_bytes_per_sample < 0:
+            raise WorkshopError(f"Model {self.name!r}: handoff_bytes_per_sample is negative.",
+                                "give the bytes of one sample's activation at a stage boundary (0 if unknown).")
         if not isinstance(self.fsdp_units, int) or isinstance(self.fsdp_units, bool) or self.fsdp_units < 1:
             raise WorkshopError(f"Model {self.name!r}: fsdp_units must be a whole number of at least 1, "
                                 f"got {self.fsdp_units!r}.",
@@ -350,7 +375,8 @@ def transformer(
       Recomputation in Large Transformer Models", https://arxiv.org/abs/2205.05198, equation 1,
       16-bit activations): s h (34 + 5 a s / h) per layer; without the attention scores (fused
       / flash attention) s h 34; with full checkpointing only each layer's input, 2 s h;
-    - FSDP units: one per layer plus the root (embeddings, final norm, head), as lab 4 wraps it.
+    - FSDP units: one per layer plus the root (embeddings, final norm, head), as lab 4 wraps it;
+    - a pipeline stage hands on one layer's output per sequence: s h values of 16 bits.
     """
     for label, value in (("layers", layers), ("d_model", d_model), ("heads", heads),
                          ("seq_len", seq_len), ("vocab", vocab)):
@@ -367,7 +393,7 @@ def transformer(
     else:
         acts = s * h * (34 + (5 * a * s / h if stores_attention_scores else 0)) * L
     return Model(name, params=params, activation_bytes_per_sample=acts, flops_per_sample=flops,
-                 fsdp_units=L + 1)
+                 fsdp_units=L + 1, handoff_bytes_per_sample=2 * s * h)
 
 
 # --------------------------------------------------------------------------- strategies
@@ -674,6 +700,79 @@ def step_time(
     else:
         exposed = max(0.0, comm + pcie - overlap * compute * 2 / 3)
     return Step(compute, comm + pcie, exposed, sent)
+
+
+# --------------------------------------------------------------------------- pipeline parallel
+
+GPIPE, ONE_F_ONE_B = "gpipe", "1f1b"
+SCHEDULES = (GPIPE, ONE_F_ONE_B)
+
+
+def bubble(stages: int, microbatches: int) -> float:
+    """The share of a pipeline step each stage waits, filling and draining: (p-1)/(m+p-1)."""
+    _positive_int("stages", stages)
+    _positive_int("microbatches", microbatches)
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+@dataclass(frozen=True)
+class PipelineStep:
+    """One step of a pipeline of `stages` stages over `microbatches` micro-batches, per stage."""
+
+    schedule: str
+    stages: int
+    microbatches: int
+    compute_s: float  # one stage's forward and backward of all m micro-batches
+    bubble_s: float  # the p-1 micro-batch slots it waits while the pipeline fills and drains
+    handoff_s: float  # the hand-offs on the critical path: 2(p-1) point-to-point messages
+    handoff_bytes: float  # bytes a stage sends on per step (activations forward, or gradients back)
+    activation_bytes: float  # the most a stage keeps for backward at once (the first stage's)
+    microbatches_held: int  # how many micro-batches' activations that is
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.bubble_s + self.handoff_s
+
+    @property
+    def idle_share(self) -> float:
+        """The share of the step a stage is not computing: the bubble and the exposed hand-offs."""
+        return 1 - self.compute_s / self.total_s if self.total_s else 0.0
+
+
+def pipeline_step(model: Model, instance_type: str | InstanceType, stages: int, microbatches: int,
+                  batch_size: int, schedule: str = ONE_F_ONE_B, mfu: float = 0.4,
+                  procs_per_instance: int | None = None) -> PipelineStep:
+    """Predicted step of a pipeline (the module docstring's formula): `batch_size` samples per step, split
+    into `microbatches`, through `stages` stages of equal compute, one per GPU (or core)."""
+    if schedule not in SCHEDULES:
+        raise WorkshopError(f"Unknown pipeline schedule {schedule!r}.", f"use one of {', '.join(SCHEDULES)}.")
+    inst = get_instance(instance_type)
+    for label, value in (("stages", stages), ("microbatches", microbatches), ("batch_size", batch_size)):
+        _positive_int(label, value)
+    if microbatches > batch_size:
+        raise WorkshopError(f"{microbatches} micro-batches of a batch of {batch_size}: some would be empty.",
+                            "use at most batch_size micro-batches.")
+    if schedule == ONE_F_ONE_B and microbatches < stages:
+        raise WorkshopError(f"1F1B needs at least one micro-batch per stage: m={microbatches} < p={stages}.",
+                            f"use microbatches={stages} or more, or schedule='gpipe'.")
+    per_instance = min(stages, inst.gpus) if procs_per_instance is None else procs_per_instance
+    _positive_int("procs_per_instance", per_instance)
+    share = max(1.0, per_instance / inst.gpus)  # more stages than devices on an instance: they time-share
+    compute = batch_size * compute_s_per_sample(model, inst, mfu) * share / stages
+    p, m = stages, microbatches
+    b = batch_size / m * model.handoff_bytes_per_sample
+    if stages <= per_instance:  # every stage on one instance: its intra-node link
+        alpha, bandwidth = inst.intra_alpha_s, inst.intra_Bps
+    else:
+        alpha, bandwidth = inst.alpha_s, min(inst.intra_Bps, inst.network_Bps / inst.gpus)
+    held = m if schedule == GPIPE else min(m, p)
+    return PipelineStep(
+        schedule, p, m, compute_s=compute, bubble_s=(p - 1) * compute / m,
+        handoff_s=2 * (p - 1) * (alpha + b / bandwidth) if p > 1 else 0.0,
+        handoff_bytes=batch_size * model.handoff_bytes_per_sample if p > 1 else 0.0,
+        activation_bytes=held * batch_size / m * model.activation_bytes_per_sample / p,
+        microbatches_held=held,
+    )
 
 
 # --------------------------------------------------------------------------- plans

@@ -42,3 +42,18 @@ CHECKPOINTED_BYTES = Exercise(
     # the whole batch on every rank: the data-parallel split forgotten
     wrong=lambda reference, ctx: lambda layers, batch, seq_len, d_model, N: layers * batch * seq_len * d_model * 4,
 )
+
+# model_parallel.ipynb, "Pipeline parallel, measured": written before the two schedules run
+BUBBLE = Exercise(
+    key="bubble", folder=HERE, name="bubble",
+    task="write bubble(p, m): the share of a pipeline step each of p stages waits (the bubble), when the batch "
+         "is split into m micro-batches (GPipe or 1F1B).",
+    hint="count in slots, one slot being one micro-batch's forward and backward on one stage. A stage does m "
+         "slots of work, but the step lasts longer: the first micro-batch takes p - 1 slots to reach the last "
+         "stage, and the last gradient p - 1 slots to come back, so each stage waits p - 1 of the step's m + p - 1 "
+         "slots. One stage never waits; more micro-batches shrink the share, never to 0.",
+    judge=same_results(lambda ctx: [(p, m) for p in (1, 2, 4, 8) for m in (1, 2, 4, 8, 32)],
+                       describe=lambda a: f"bubble(p={a[0]}, m={a[1]})"),
+    # the wait over the work (p-1)/m, not over the whole step
+    wrong=lambda reference, ctx: lambda p, m: (p - 1) / m,
+)

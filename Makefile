@@ -19,6 +19,8 @@
 #   make bench-allreduce   set up, then the gloo all-reduce microbenchmark (about a minute)
 #   make bench-grad-accum  set up, then lab 3's gradient accumulation (bytes per step and per micro-batch, speed, the
 #                   losses of 1 rank at K = 2 against 2 ranks) and DDP's bucket size swept (about 8 minutes)
+#   make bench-pipeline    set up, then GPipe and 1F1B on 2 stages: idle share against the bubble, activations kept,
+#                   the planner's step time beside the measured one (a few minutes)
 #   make figures    set up, then each lab's main figure from a real local run into images/ (the lab READMEs show them)
 #   make horovod    set up, build Horovod (or wait for the background build; again after a failed one),
 #                   then check the build: horovodrun --check-build and a 2-rank all-reduce per framework
@@ -78,7 +80,7 @@ PIP_INSTALL = $(BIN)/python -m pip install --quiet
 UV_VERSION := 0.13.8
 LOCK_TOOLS := $(VENV)/lock-tools
 
-.PHONY: setup workshop test test-costs test-fast lab kernel bench bench-allreduce bench-grad-accum bench-strategies bench-notebooks figures horovod clean lock upgrade
+.PHONY: setup workshop test test-costs test-fast lab kernel bench bench-allreduce bench-grad-accum bench-pipeline bench-strategies bench-notebooks figures horovod clean lock upgrade
 
 # Horovod 0.28.1 is source-only and needs patches for today's frameworks; only lab 2 uses it. After the
 # base set-up, `horovod_build start` installs it from an installed, cached or shared (WORKSHOP_WHEELHOUSE)
@@ -187,6 +189,7 @@ bench: setup
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_data_parallel.py
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_allreduce.py
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_grad_accum.py
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_pipeline.py
 	@$(BIN)/python -m workshop.horovod_build --wait
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_strategies.py --profile
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/planner_validation.py --out images/planner_validation.md
@@ -198,6 +201,9 @@ bench-allreduce: setup
 
 bench-grad-accum: setup
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_grad_accum.py
+
+bench-pipeline: setup
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_pipeline.py
 
 bench-strategies: setup
 	@$(BIN)/python -m workshop.horovod_build --wait

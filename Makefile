@@ -21,6 +21,8 @@
 #                   losses of 1 rank at K = 2 against 2 ranks) and DDP's bucket size swept (about 8 minutes)
 #   make bench-pipeline    set up, then GPipe and 1F1B on 2 stages: idle share against the bubble, activations kept,
 #                   the planner's step time beside the measured one (a few minutes)
+#   make bench-tensor-parallel  set up, then the MLP and attention block split over 2 ranks: bytes per step against
+#                   2 all-reduces of b x s x h, the step against the planner's, at b = 2, 4, 8, 16 (about 4 minutes)
 #   make figures    set up, then each lab's main figure from a real local run into images/ (the lab READMEs show them)
 #   make horovod    set up, build Horovod (or wait for the background build; again after a failed one),
 #                   then check the build: horovodrun --check-build and a 2-rank all-reduce per framework
@@ -80,7 +82,7 @@ PIP_INSTALL = $(BIN)/python -m pip install --quiet
 UV_VERSION := 0.13.8
 LOCK_TOOLS := $(VENV)/lock-tools
 
-.PHONY: setup workshop test test-costs test-fast lab kernel bench bench-allreduce bench-grad-accum bench-pipeline bench-strategies bench-notebooks figures horovod clean lock upgrade
+.PHONY: setup workshop test test-costs test-fast lab kernel bench bench-allreduce bench-grad-accum bench-pipeline bench-tensor-parallel bench-strategies bench-notebooks figures horovod clean lock upgrade
 
 # Horovod 0.28.1 is source-only and needs patches for today's frameworks; only lab 2 uses it. After the
 # base set-up, `horovod_build start` installs it from an installed, cached or shared (WORKSHOP_WHEELHOUSE)
@@ -190,6 +192,7 @@ bench: setup
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_allreduce.py
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_grad_accum.py
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_pipeline.py
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_tensor_parallel.py
 	@$(BIN)/python -m workshop.horovod_build --wait
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_strategies.py --profile
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/planner_validation.py --out images/planner_validation.md
@@ -204,6 +207,9 @@ bench-grad-accum: setup
 
 bench-pipeline: setup
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_pipeline.py
+
+bench-tensor-parallel: setup
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_tensor_parallel.py
 
 bench-strategies: setup
 	@$(BIN)/python -m workshop.horovod_build --wait

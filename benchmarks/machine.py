@@ -60,3 +60,13 @@ def write_results(out_dir: Path, name: str, table: str, note: str, rows: list[di
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def save_figure(fig, path: Path, title: str) -> None:
+    """A benchmark's figure under its title (the machine, the date, the load), written to `path` and closed."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

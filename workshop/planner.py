@@ -121,8 +121,21 @@ the activations of every micro-batch whose forward ran and whose backward has no
 m >= p. Consecutive stages sit on one instance while p fits in it (its intra-node link), else they
 cross the network (a GPU's share of it).
 
-Known simplifications, on purpose: no tensor-parallel communication (a
-`tensor_parallel` degree only divides the weights each data-parallel rank holds and syncs);
+Tensor parallel (`tensor_parallel_step`, Megatron-LM's layout: Shoeybi et al., 2019,
+https://arxiv.org/abs/1909.08053, section 3): each block's first Linear split by output columns over
+the degree's ranks, its last by input rows; each rank computes 1/degree of the block, and one
+all-reduce of the block's output (batch x s x h numbers) joins the partial sums in the forward, one
+of the same size the input's gradient in the backward; the weights never move:
+
+    step = compute / degree + 2 x blocks x ring all-reduce(batch x s x h x bytes) + blocks x overhead
+
+where overhead is what a split block costs besides compute and bytes where it is measured (PyTorch's
+DTensor bookkeeping on a CPU). The all-reduces sit between dependent matrix products: nothing hides
+them, which is why tensor parallel stays inside one instance (the function refuses a degree above its
+devices).
+
+Known simplifications, on purpose: the plans' `tensor_parallel` degree only divides the weights each
+data-parallel rank holds and syncs (its step is `tensor_parallel_step`'s, on its own);
 pipeline stages are equal and the pipeline is not combined with data parallelism here;
 offload adds host-device transfers at `pcie_GBps` but not the CPU's optimizer time; no
 stragglers, no input pipeline. Validation against measurements and published figures:
@@ -965,3 +978,60 @@ def recommend(
 def with_compute(model: Model, compute_s_per_sample: float) -> Model:
     """The same model with a measured compute time per sample (e.g. from a benchmark)."""
     return replace(model, compute_s_per_sample=compute_s_per_sample)
+
+
+# --------------------------------------------------------------------------- tensor parallel
+
+@dataclass(frozen=True)
+class TensorParallelStep:
+    """One step of `blocks` blocks each split over `degree` ranks (column-wise, then row-wise), per rank."""
+
+    degree: int
+    blocks: int
+    compute_s: float  # each rank's share of the forward and backward: the whole's / degree
+    comm_s: float  # the all-reduces: 2 per block (forward: the output; backward: the input's gradient)
+    overhead_s: float  # the split blocks' own cost besides compute and bytes (block_overhead_s x blocks)
+    allreduces: int
+    allreduce_bytes: float  # one all-reduce's payload: the block's output, batch x bytes per sample
+    sent_bytes: float  # what each rank sends per step (ring: 2(n-1)/n of each payload)
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s + self.overhead_s
+
+
+def tensor_parallel_step(model: Model, instance_type: str | InstanceType, degree: int, batch_size: int,
+                         blocks: int = 1, mfu: float = 0.4, block_overhead_s: float = 0.0) -> TensorParallelStep:
+    """Predicted step of tensor parallelism over `degree` ranks of one instance (Megatron-LM's layout: Shoeybi
+    et al., "Megatron-LM", 2019, https://arxiv.org/abs/1909.08053, section 3): each of `blocks` blocks (a
+    transformer layer has 2, its attention and its MLP) has its first Linear split by output columns and its
+    last by input rows, so each rank computes 1/degree of the block, and one all-reduce of the block's output
+    joins the partial sums in the forward, one of the same size the input's gradient in the backward:
+
+        step = compute / degree + 2 x blocks x ring all-reduce(batch x s x h x bytes)
+
+    `Model.handoff_bytes_per_sample` is the block's output per sample (s x h x its dtype's bytes); `compute` is
+    the whole blocks' forward and backward on one rank (batch x seconds per sample). The all-reduces sit
+    between dependent matrix products, so nothing hides them here (no overlap); the weights never move.
+    `block_overhead_s`: what a split block costs per step besides its compute and its bytes (PyTorch's DTensor
+    bookkeeping and the wake-ups of its blocking collectives), if measured (code/tensor_parallel.py times a split
+    block too small to compute or send anything against its whole); it is added once per block and step."""
+    inst = get_instance(instance_type)
+    for label, value in (("degree", degree), ("batch_size", batch_size), ("blocks", blocks)):
+        _positive_int(label, value)
+    if not block_overhead_s >= 0:
+        raise WorkshopError(f"block_overhead_s must be 0 or more, got {block_overhead_s}.",
+                            "give the measured seconds a split block costs per step besides compute and bytes, or 0.")
+    if degree > inst.gpus:
+        raise WorkshopError(f"Tensor parallel over {degree} ranks on one {inst.name} of {inst.gpus} device(s): its "
+                            "all-reduces would cross the network at every block.",
+                            f"use a degree of at most {inst.gpus} (one instance), and data or pipeline parallel "
+                            "across instances.")
+    payload = batch_size * model.handoff_bytes_per_sample
+    count = 2 * blocks if degree > 1 else 0
+    per = ring_allreduce_s(payload, degree, inst.intra_Bps, inst.intra_alpha_s) if degree > 1 else 0.0
+    return TensorParallelStep(
+        degree, blocks, compute_s=batch_size * compute_s_per_sample(model, inst, mfu) / degree, comm_s=count * per,
+        overhead_s=blocks * block_overhead_s if degree > 1 else 0.0,
+        allreduces=count, allreduce_bytes=payload, sent_bytes=count * 2 * (degree - 1) / degree * payload,
+    )

@@ -19,6 +19,8 @@
 #   make bench-allreduce   set up, then the gloo all-reduce microbenchmark (about a minute)
 #   make bench-grad-accum  set up, then lab 3's gradient accumulation (bytes per step and per micro-batch, speed, the
 #                   losses of 1 rank at K = 2 against 2 ranks) and DDP's bucket size swept (about 8 minutes)
+#   make bench-staleness   set up, then lab 1 with 1, 2 and 4 workers: each gradient's staleness, the speed, and the
+#                   test loss and accuracy after the same updates against 1 worker (about 5 minutes)
 #   make bench-pipeline    set up, then GPipe and 1F1B on 2 stages: idle share against the bubble, activations kept,
 #                   the planner's step time beside the measured one (a few minutes)
 #   make bench-tensor-parallel  set up, then the MLP and attention block split over 2 ranks: bytes per step against
@@ -82,7 +84,7 @@ PIP_INSTALL = $(BIN)/python -m pip install --quiet
 UV_VERSION := 0.13.8
 LOCK_TOOLS := $(VENV)/lock-tools
 
-.PHONY: setup workshop test test-costs test-fast lab kernel bench bench-allreduce bench-grad-accum bench-pipeline bench-tensor-parallel bench-strategies bench-notebooks figures horovod clean lock upgrade
+.PHONY: setup workshop test test-costs test-fast lab kernel bench bench-allreduce bench-grad-accum bench-pipeline bench-staleness bench-tensor-parallel bench-strategies bench-notebooks figures horovod clean lock upgrade
 
 # Horovod 0.28.1 is source-only and needs patches for today's frameworks; only lab 2 uses it. After the
 # base set-up, `horovod_build start` installs it from an installed, cached or shared (WORKSHOP_WHEELHOUSE)
@@ -191,6 +193,7 @@ bench: setup
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_data_parallel.py
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_allreduce.py
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_grad_accum.py
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_staleness.py
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_pipeline.py
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_tensor_parallel.py
 	@$(BIN)/python -m workshop.horovod_build --wait
@@ -204,6 +207,9 @@ bench-allreduce: setup
 
 bench-grad-accum: setup
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_grad_accum.py
+
+bench-staleness: setup
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_staleness.py
 
 bench-pipeline: setup
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_pipeline.py

@@ -259,8 +259,9 @@ SCRIPT_LINES_EXCEPT: dict[str, int | None] = {
     "3_data_parallel/code/train.py": 265,  # its loop shows gradient accumulation too (--grad-accum, no_sync)
     "1_parameter_server/code/train.py": 255,  # its step counts each gradient's staleness too
     "4_model_parallel/code/train.py": 350,  # FSDP, activation checkpointing and offloading, SMP v2: more to show
-    "4_model_parallel/code/tp_pp_demo.py": None,  # the tensor- and pipeline-parallel demo, kept as it is
 }
+
+
 def lab_scripts() -> list[str]:
     """Every program in a lab's `code/` folder (`if __name__ == "__main__":`), not the modules it imports."""
     return sorted(p.relative_to(REPO_ROOT).as_posix() for p in REPO_ROOT.glob("[0-9]_*/code/*.py")

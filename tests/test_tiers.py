@@ -35,7 +35,7 @@ def _item(slow: bool = False) -> SimpleNamespace:
     (["mpirun", "-np", "2", "python", "x.py"], False),
     ([PY, "3_data_parallel/code/train.py", "--epochs", "1"], False),
     ([PY, "-u", "tests/fixtures/probe/train.py"], False),
-    ([PY, "4_model_parallel/code/tp_pp_demo.py"], False),
+    ([PY, "4_model_parallel/code/tensor_parallel.py"], False),
     ([PY, "benchmarks/bench_allreduce.py", "--ranks", "2"], False),
     ([PY, "benchmarks/workers/cnn_worker.py"], False),
     ([PY, "-m", "workshop", "run", "3_data_parallel"], False),

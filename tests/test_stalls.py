@@ -127,6 +127,9 @@ def test_a_stopped_rank_is_named_within_the_stall_time_and_the_end_of_the_stall_
             t0 = time.monotonic()
             line, k = _wait_for_line(log, rf"^\[stall\] .*Rank 1 on algo-2 stopped answering: its process {pid} ", before)
             seen["named_after_s"], seen["named"] = time.monotonic() - t0, line
+            # The note's lines reach the log one by one: read them once its last (rank 1's line) is there, not
+            # at once (under load the log was once read between two of them, with only the first there).
+            _wait_for_line(log, r"^\[stall\]   \d+ s ago: \[algo-2/1\] ", k)
             seen["note"] = log.read_text(errors="replace").splitlines()[k:k + 4]
             os.kill(pid, signal.SIGCONT)
             seen["ended"], _ = _wait_for_line(log, r"^\[stall\] Ended after \d+ s without a line", k)

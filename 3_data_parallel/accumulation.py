@@ -166,17 +166,12 @@ def run(ranks: int, grad_accum: int, steps: int, *, channels: Any, folder: Path,
         cmd = [sys.executable, *argv]
     else:  # --standalone: a rendezvous on a free local port (in the namespace, no other job's ports)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *argv]
-    isolated, why = private_network() if private is not False else (False, "private=False was asked for")
-    if private and not isolated:
-        from workshop.errors import WorkshopError
+    from workshop.launchers.horovod_probe import in_private_network, wanted_private_network
 
-        raise WorkshopError(f"No private network namespace here: {why}.",
-                            "pass private=None to measure on the shared loopback instead (it says so).")
+    isolated = wanted_private_network(private)
     env = {**base_process_env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     counters = folder / "loopback.txt"
     if isolated:
-        from workshop.launchers.horovod_probe import in_private_network
-
         env["NETNS_OUT"] = str(counters)
         cmd = in_private_network(["sh", "-c", _NETNS_SH, "sh", *cmd])
     from workshop.runtime import netcounters

@@ -61,15 +61,10 @@ def run(batch_sizes: Iterable[int] = (4, 8), *, steps: int = 10, blocks: str = "
     argv = [str(SCRIPT), "--blocks", blocks, "--batch-sizes", ",".join(map(str, batch_sizes)), "--steps", str(steps),
             *(f"--{k}={v}" for k, v in model.items())]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", *argv]
-    isolated, why = private_network() if private is not False else (False, "private=False was asked for")
-    if private and not isolated:
-        from workshop.errors import WorkshopError
+    from workshop.launchers.horovod_probe import in_private_network, wanted_private_network
 
-        raise WorkshopError(f"No private network namespace here: {why}.",
-                            "pass private=None to measure on the shared loopback instead (it says so).")
+    isolated = wanted_private_network(private)
     if isolated:
-        from workshop.launchers.horovod_probe import in_private_network
-
         cmd = in_private_network(["sh", "-c", _NETNS_SH, "sh", *cmd])
     env = {**base_process_env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()

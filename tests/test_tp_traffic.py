@@ -110,3 +110,13 @@ def test_the_planners_step_is_the_whole_block_over_n_two_measured_all_reduces_an
     assert planner.tensor_parallel_step(model, link, 1, 8).comm_s == 0  # one rank: nothing to join
     with pytest.raises(WorkshopError, match="would cross the network"):
         planner.tensor_parallel_step(model, link, 4, 8)
+
+
+def test_a_measurement_that_insists_on_a_private_network_is_refused_where_there_is_none(monkeypatch):
+    from workshop.launchers import horovod_probe
+
+    monkeypatch.setattr(horovod_probe, "private_network", lambda: (False, "this system refuses one"))
+    assert horovod_probe.wanted_private_network(None) is False  # the shared loopback, as the record says
+    assert horovod_probe.wanted_private_network(False) is False
+    with pytest.raises(WorkshopError, match="No private network namespace here: this system refuses one"):
+        horovod_probe.wanted_private_network(True)  # tp_traffic.run(private=True), accumulation.run(private=True)

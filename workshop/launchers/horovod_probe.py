@@ -156,6 +156,20 @@ def in_private_network(cmd: list[str]) -> list[str]:
     return [sys.executable, "-m", MODULE, PRIVATE_NETWORK_FLAG, *cmd]
 
 
+def wanted_private_network(private: bool | None) -> bool:
+    """Whether a measurement runs in a private network namespace: `private` None, where this system allows one;
+    True insists (a WorkshopError names why not, before anything starts); False never."""
+    if private is False:
+        return False
+    isolated, why = private_network()
+    if private and not isolated:
+        from workshop.errors import WorkshopError
+
+        raise WorkshopError(f"No private network namespace here: {why}.",
+                            "pass private=None to measure on the shared loopback instead (it says so).")
+    return isolated
+
+
 @lru_cache(maxsize=1)
 def private_network() -> tuple[bool, str]:
     """Whether a command can run in a network namespace of its own here, and if not, why."""

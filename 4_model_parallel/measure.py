@@ -5,6 +5,7 @@ theory with DeepSpeed's fp32 master copy), and the tables the notebook shows of 
     python 4_model_parallel/measure.py                 # the memory table
     from measure import MEASURE_MODEL, measure, grid   # what the notebook calls (its folder is on the path)
     from measure import pipeline                       # code/pipeline.py's GPipe and 1F1B on 2 stages
+    from measure import inside_the_step                # the peak inside the step, and bf16 (8 layers, N = 2)
 
 Each measurement is one run of the lab's own script on one simulated host with `world_size`
 processes (`workshop.runner.run_local`); the script prints each rank's accounting line.
@@ -53,6 +54,20 @@ def grid(world_sizes: Sequence[int]) -> list[tuple[str, int, dict[str, Any]]]:
     return runs
 
 
+# Inside the step: shard_grad_op and full_shard differ there, by whole blocks of gathered parameters, so a model deep
+# enough to show it; and full_shard again in bf16 (FSDP2's MixedPrecisionPolicy: it computes in bf16, keeps fp32).
+PEAK_LAYERS = 8
+PEAK_RUNS = (("shard_grad_op", "fp32"), ("full_shard", "fp32"), ("full_shard", "bf16"))
+
+
+def inside_the_step(n: int = 2, *, layers: int = PEAK_LAYERS, steps: int = 3) -> dict[str, list[dict[str, Any]]]:
+    """PEAK_RUNS at world size `n` on a `layers`-deep model: each rank's records (with `step_peak_bytes`, the most it
+    held at once inside its measured step), keyed "shard_grad_op", "full_shard" and "full_shard bf16"."""
+    return {sharding + ("" if precision == "fp32" else f" {precision}"):
+            measure(sharding, n, steps=steps, hyperparameters={"layers": layers, "mixed-precision": precision})
+            for sharding, precision in PEAK_RUNS}
+
+
 def with_one_rank(runs: dict[tuple[str, int], list[dict[str, Any]]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
     """`runs` with the N=1 baseline filed under every technique too: one rank has nothing to shard."""
     if ("no_shard", 1) in runs:
@@ -68,11 +83,13 @@ def memory_table(runs: Mapping[tuple[str, int], list[dict[str, Any]]]):
     rows = [{"technique": t, "N": n, "params": r["param_bytes"] / KB, "grads": r["grad_bytes"] / KB,
              "optim": r["optim_bytes"] / KB, "state": r["state_bytes"] / KB, "ideal": r["ideal_state_bytes"] / KB,
              "state / ideal": r["state_bytes"] / r["ideal_state_bytes"], "saved act": r["saved_act_bytes"] / KB,
+             "peak in step": r.get("step_peak_bytes", float("nan")) / KB,
              "step ms": r["step_time_s"] * 1e3, "loss": r["final_train_loss"]}
             for (t, n), [r, *_] in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
-    kb = {c: ",.1f" for c in ("params", "grads", "optim", "state", "ideal", "saved act", "step ms")}
+    kb = {c: ",.1f" for c in ("params", "grads", "optim", "state", "ideal", "saved act", "peak in step", "step ms")}
     return table(rows, formats={**kb, "state / ideal": ".3f", "loss": ".4f"},
-                 caption="rank 0 of each run, KB (1 KB = 1000 bytes); ideal = full state / ranks sharing it")
+                 caption="rank 0 of each run, KB (1 KB = 1000 bytes); ideal = full state / ranks sharing it; "
+                         "peak in step: the most it held at once inside the step")
 
 
 def deepspeed_table(runs: Mapping[tuple[str, int], list[dict[str, Any]]], ds_runs: Mapping[str, list[dict[str, Any]]],

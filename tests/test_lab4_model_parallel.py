@@ -420,3 +420,54 @@ def test_the_notebooks_grid_and_a_check_that_fails_where_a_rank_holds_more_than_
     runs["full_shard", 2][1]["state_bytes"] *= 1.2
     with pytest.raises(AssertionError):
         findings.check_grid(runs, (1, 2), tiny)
+
+
+def test_the_step_peak_is_the_allocators_highest_point_above_the_state():
+    """accounting.StepPeak on a CPU: what the rank held when the step began (its parameters and optimizer state) plus
+    the most the step allocated at once, to the byte; off, it measures nothing."""
+    import torch
+
+    from workshop.spec import load_module
+
+    StepPeak = load_module(LAB.source_dir / "accounting.py", "_lab4_accounting", with_siblings=True).StepPeak
+
+    model = torch.nn.Linear(100, 10)  # 1,010 parameters: 4,040 bytes
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 100)).sum().backward()
+    optimizer.step()  # AdamW's state now: two moments per parameter and a step count per tensor
+    optimizer.zero_grad(set_to_none=True)
+    held = 4040 + 2 * 4040 + 2 * 4
+    peak = StepPeak(None).start(model, optimizer)
+    a = torch.empty(1_000_000)  # 4 MB
+    b = torch.empty(2_000_000)  # 12 MB at once
+    del a
+    c = torch.empty(500_000)  # 10 MB
+    del b, c
+    peak.stop()
+    assert peak.measures() == {"step_start_bytes": held, "step_peak_bytes": held + 12_000_000}
+    assert StepPeak(None, on=False).start(model, optimizer).measures() == {}
+
+
+def test_the_peak_check_holds_shard_grad_op_to_the_blocks_full_shard_does_not_keep():
+    """findings.check_peak: shard_grad_op's peak above full_shard's by layers - 2 blocks, within one; bf16's state
+    unchanged, its activations about half and its losses fp32's; each claim raises when the numbers break it."""
+    from workshop.spec import load_module
+
+    findings = load_module(LAB.path / "findings.py", "_lab4_findings")
+    block = findings.block_param_bytes(64)
+    assert block == 4 * (12 * 64 * 64 + 13 * 64)
+
+    def runs(gap_blocks=6.0, bf16_acts=0.52, bf16_loss=4.675, bf16_state=1000):
+        base = {"state_bytes": 1000, "saved_act_bytes": 4_000_000, "final_train_loss": 4.674, "test_loss": 4.568}
+        full = [{**base, "rank": r, "step_peak_bytes": 8_000_000} for r in range(2)]
+        sgo = [{**f, "step_peak_bytes": f["step_peak_bytes"] + int(gap_blocks * block)} for f in full]
+        bf16 = [{**f, "state_bytes": bf16_state, "saved_act_bytes": int(bf16_acts * 4_000_000),
+                 "final_train_loss": bf16_loss, "step_peak_bytes": 5_000_000} for f in full]
+        return {"shard_grad_op": sgo, "full_shard": full, "full_shard bf16": bf16}
+
+    found = findings.check_peak(runs(), 8, 64)
+    assert found["gap_blocks"] == pytest.approx(6.0, abs=1e-5) and found["bf16_acts"] == pytest.approx(0.52)
+    for broken in ({"gap_blocks": 0.0}, {"gap_blocks": 8.0}, {"bf16_acts": 1.0}, {"bf16_loss": 4.8},
+                   {"bf16_state": 500}):
+        with pytest.raises(AssertionError):
+            findings.check_peak(runs(**broken), 8, 64)

@@ -1,6 +1,7 @@
 """What each rank holds, measured exactly: bytes of parameters, gradients and optimizer state (from the local
-shards of FSDP2's DTensors), and bytes of activations saved for backward (counted by a
-`torch.autograd.graph.saved_tensors_hooks` pair, one count per storage), printed as a `METRICS` line.
+shards of FSDP2's DTensors), bytes of activations saved for backward (counted by a
+`torch.autograd.graph.saved_tensors_hooks` pair, one count per storage), and the most it held at once inside
+the step (StepPeak: the allocator's own record), printed as a `METRICS` line.
 
 A module beside train.py in the job's code/ folder.
 """
@@ -8,6 +9,7 @@ A module beside train.py in the job's code/ folder.
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 import torch.nn as nn
@@ -77,6 +79,53 @@ class SavedTensorMeter:
         return self.bytes["block"] + self.bytes["outside"]
 
 
+class StepPeak:
+    """The most memory this rank held at once during one step: what it held when the step began (its parameters and
+    optimizer state; the gradients were just released) plus the most the step allocated on top of it.
+
+    On a GPU, the caching allocator's own counter (torch.cuda.max_memory_allocated). On a CPU, which keeps no such
+    counter, the CPU allocator's allocations and frees as torch.profiler records them (`profile_memory=True`): the
+    running sum's highest point. Two limits of the CPU count, both on the side of too much: it sees frees on the
+    training thread only (a collective's buffer that gloo's thread lets go of last stays counted until the step
+    ends), and memory allocated before the step and freed inside it is not subtracted (so the script releases the
+    previous step's outputs and gradients before it starts). One step only: the profiler slows it. `on=False`:
+    measures nothing (a step another profiler records, or DeepSpeed's engine, whose buffers outlive the step).
+    """
+
+    def __init__(self, device: torch.device | None, on: bool = True):
+        self.device, self.on, self.prof, self.held, self.start_bytes, self.bytes = device, on, None, 0, 0, 0
+
+    def start(self, model, optimizer) -> StepPeak:
+        if not self.on:
+            return self
+        self.held = held_bytes(model) + optimizer_state_bytes(optimizer)
+        if self.device is not None:  # a GPU: the allocator counts for us
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.start_bytes = torch.cuda.memory_allocated(self.device)
+        else:
+            from torch.profiler import ProfilerActivity, profile
+
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # read at the profiler's first use: no start/stop notes
+            self.prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            self.prof.start()
+        return self
+
+    def stop(self) -> None:
+        if self.device is not None and self.on:
+            self.bytes = torch.cuda.max_memory_allocated(self.device) - self.start_bytes
+        if self.prof is None:
+            return
+        self.prof.stop()
+        now = 0
+        for event in self.prof.profiler.kineto_results.events():  # in the order the allocator reported them
+            if event.name() == "[memory]":
+                now += event.nbytes()  # an allocation's size, or minus a free's
+                self.bytes = max(self.bytes, now)
+        self.prof = None
+
+    def measures(self) -> dict:
+        return dict(step_start_bytes=self.held, step_peak_bytes=self.held + self.bytes) if self.on else {}
+
 
 def held_bytes(model, grads: bool = False) -> int:
     """Bytes of the parameters this rank holds now, or (`grads`) of their gradients."""
@@ -88,9 +137,10 @@ def held_bytes(model, grads: bool = False) -> int:
 
 
 def state_measures(model, optimizer, meter: SavedTensorMeter, after_forward: int, grads: int,
-                   device: torch.device | None) -> dict:
-    """The measured step's bytes, by kind; `device`: the GPU whose peak allocation to add (None: a CPU). A DeepSpeed
-    engine's optimizer counts its own state (deepspeed_zero.py: its gradients never stay in `.grad`)."""
+                   device: torch.device | None, peak: StepPeak) -> dict:
+    """The measured step's bytes, by kind; `device`: the GPU whose peak allocation to add (None: a CPU); `peak`: the
+    most the rank held at once inside the step (when it was measured). A DeepSpeed engine's optimizer counts its own state
+    (deepspeed_zero.py: its gradients never stay in `.grad`)."""
     zero = getattr(optimizer, "zero_measures", None)
     measured = zero() if zero else dict(
         param_bytes=sum(local_bytes(p) for p in model.parameters()),
@@ -99,6 +149,7 @@ def state_measures(model, optimizer, meter: SavedTensorMeter, after_forward: int
         params_after_forward_bytes=after_forward,
         saved_act_bytes=meter.total, saved_act_block_bytes=meter.bytes["block"],
         saved_act_outside_bytes=meter.bytes["outside"], offloaded_bytes=meter.offloaded_bytes,
+        **peak.measures(),
     )
     if device is not None:
         measured["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)

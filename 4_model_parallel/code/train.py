@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 # The modules beside this script (its code/ folder ships with the job); what the workshop reads from it too.
-from accounting import REGION, SavedTensorMeter, held_bytes, report_memory, state_measures
+from accounting import REGION, SavedTensorMeter, StepPeak, held_bytes, report_memory, state_measures
 from arguments import apply_smp_settings, build_parser, check_args, divergence_fix, shard_group_size
 from checkpointing import (  # noqa: F401
     Divergence,
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
         print_setup(config, smp_notes, dtype)
 
     gen = torch.Generator().manual_seed(args.seed)  # the same batches on every rank; each takes its slice
-    step_times, measured = [], {}
+    step_times, measured, measured_time = [], {}, 0.0
     start, last_loss, recovery = resume(args, model, optimizer, gen, rank, world_size, attempt)  # --checkpoint-every
     restarts = Restarts(args, rank, attempt, recovery, start)  # --fault, and the recovery's report
     # NaN, inf or 100x a uniform guess's losses stop every rank: a sum over the ranks of each one's first (Divergence)
@@ -147,9 +147,11 @@ def main(argv=None) -> int:
         measure = step == min(start + 2, args.steps)  # the first step warms up the allocator and caches
         if measure and cuda:
             torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
+        if measure:  # the memory inside this step: what it holds now, and the most it allocates on top (accounting.py)
+            logits = loss = None  # the previous step's outputs: released before the count starts, as its gradients are
+            peak = StepPeak(device if cuda else None, on=not (profiled or uses_deepspeed(args))).start(model, optimizer)
         meter = SavedTensorMeter(args.activation_offloading)
         with meter.hooks(), autocast:
             logits = model(x)
@@ -162,7 +164,10 @@ def main(argv=None) -> int:
         optimizer.step()
         if cuda:
             torch.cuda.synchronize()
-        if not profiled:
+        if measure:
+            peak.stop()
+            measured_time = time.perf_counter() - t0  # timed only if no other step is (the count slows it)
+        elif not profiled:
             step_times.append(time.perf_counter() - t0)
         loss_value = loss.detach()
         diverged.note(loss_value, step)
@@ -172,7 +177,7 @@ def main(argv=None) -> int:
         last_loss = loss_value.item()
         profiler.step(len(x))  # --profile-steps: one ProfilerStep ends here
         if measure:
-            measured = state_measures(model, optimizer, meter, after_forward, grads, device if cuda else None)
+            measured = state_measures(model, optimizer, meter, after_forward, grads, device if cuda else None, peak)
         if step % args.log_interval == 0 or step == args.steps:
             if rank == 0:
                 metrics(rank=0, step=step, train_loss=last_loss)
@@ -190,7 +195,7 @@ def main(argv=None) -> int:
         diverged.check(args.steps, weights=model)  # not a diverged model saved as the result either
 
     test_loss, test_acc = evaluate(model, test, args, device, autocast)
-    report_memory(args, measured, step_times, rank, world_size, shard, n_params, n_tensors)
+    report_memory(args, measured, step_times or [measured_time], rank, world_size, shard, n_params, n_tensors)
     if rank == 0:
         perplexity = math.exp(test_loss) if test_loss < 700 else math.inf  # exp overflows a float past ~709.8
         metrics(rank=0, final_train_loss=last_loss, test_loss=test_loss, test_accuracy=test_acc, perplexity=perplexity)

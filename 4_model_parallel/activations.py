@@ -93,6 +93,15 @@ def sweep(batches: Iterable[int] = BATCHES, seq_lens: Iterable[int] = SEQ_LENS) 
     return rows
 
 
+def kept(rows: list[dict[str, Any]], attention: str, precision: str, batch: int, seq_len: int) -> int:
+    """The bytes the sweep measured for one block at this attention ("fused" or "plain"), precision, batch and
+    sequence length."""
+    for r in rows:
+        if (r["attention"], r["precision"], r["batch"], r["seq_len"]) == (attention, precision, batch, seq_len):
+            return r["kept_bytes"]
+    raise KeyError(f"the sweep has no {attention} {precision} row at batch {batch}, sequence {seq_len}")
+
+
 def growth(rows: list[dict[str, Any]], precision: str, attention: str, what: str) -> float:
     """How many times the kept bytes grew when `what` ("batch" or "seq_len") doubled, the other at its smallest."""
     mine = [r for r in rows if (r["precision"], r["attention"]) == (precision, attention)]

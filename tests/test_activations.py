@@ -51,3 +51,11 @@ def test_the_planners_activation_model_is_the_formula_with_dropout_masks():
 def test_bf16s_formula_is_for_the_fused_kernel_only():
     with pytest.raises(ValueError, match="fused kernel"):
         activations.formula(4, 32, 64, 4, bf16=True, fused=False)
+
+
+def test_kept_reads_one_row_and_names_a_missing_one():
+    rows = [{"attention": "plain", "precision": "fp32", "batch": 4, "seq_len": 64, "kept_bytes": 10},
+            {"attention": "plain", "precision": "fp32", "batch": 4, "seq_len": 128, "kept_bytes": 23}]
+    assert activations.kept(rows, "plain", "fp32", 4, 128) == 23
+    with pytest.raises(KeyError, match="no fused bf16 row at batch 4, sequence 64"):
+        activations.kept(rows, "fused", "bf16", 4, 64)

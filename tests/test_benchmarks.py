@@ -75,6 +75,25 @@ def test_side_by_side_expects_fsdps_bytes_from_the_planner() -> None:
     assert "for layer in (model.conv1, model.conv2, model.fc1, model.fc2):" in worker
 
 
+def test_the_side_by_side_table_says_why_horovod_beyond_the_cores_is_not_modelled() -> None:
+    """Horovod's planner cell is marked, with the reason under the table, where its processes outnumber the cores
+    (its negotiation cycle, which the planner leaves out); with as many cores as processes, nothing is marked."""
+    sys.path.insert(0, str(BENCH))
+    import bench_strategies as bs
+
+    def row(strategy, procs, step_s, predicted_s):
+        run = bs.Run(strategy, procs, 1000.0, step_s, 100, 10.0, None, None, "", "")
+        return bs.Row(strategy, procs, run, 1.0, step_s / 2, step_s / 2, 0.0, predicted_s=predicted_s)
+
+    rows = [row(bs.HVD, 2, 0.034, 0.027), row(bs.HVD, 4, 0.130, 0.065), row(bs.DDP, 4, 0.063, 0.065)]
+    marked = bs.markdown(rows, cores=2)
+    lines = marked.splitlines()
+    assert lines[3].endswith("65.0 (-50%) † |") and lines[4].endswith("65.0 (+3%) |")  # Horovod at 4; DDP at 4
+    assert lines[2].endswith("27.0 (-21%) |")  # Horovod at 2 processes on 2 cores: held to the planner
+    assert "† Horovod with more processes than cores" in marked and "HOROVOD_CYCLE_TIME" in marked
+    assert "†" not in bs.markdown(rows, cores=4)
+
+
 @pytest.mark.slow
 def test_fsdp_unit_microbenchmark_measures_a_positive_cost_per_unit() -> None:
     sys.path.insert(0, str(BENCH))

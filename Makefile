@@ -21,6 +21,8 @@
 #                   losses of 1 rank at K = 2 against 2 ranks) and DDP's bucket size swept (about 8 minutes)
 #   make bench-staleness   set up, then lab 1 with 1, 2 and 4 workers: each gradient's staleness, the speed, and the
 #                   test loss and accuracy after the same updates against 1 worker (about 5 minutes)
+#   make bench-lab1-startup  set up, then lab 1's start-up phase by phase, TensorFlow from source and from bytecode
+#                   (about 3 minutes)
 #   make bench-pipeline    set up, then GPipe and 1F1B on 2 stages: idle share against the bubble, activations kept,
 #                   the planner's step time beside the measured one (a few minutes)
 #   make bench-tensor-parallel  set up, then the MLP and attention block split over 2 ranks: bytes per step against
@@ -56,8 +58,9 @@ FAST_TEST_WORKERS ?= 2
 # the set-up installed with --no-compile (below), each compiled TensorFlow's, the SDK's, moto's, ...
 # modules from source again (`import tensorflow`: 6.4 s of CPU, 3.8 s from bytecode). These write it once,
 # into .venv/pycache (PYTHONPYCACHEPREFIX: never beside a source, so no lab's code/ folder, a job's
-# source_dir, gains a __pycache__). An attendee's own runs write bytecode as Python does by default, and
-# the benchmarks time that.
+# source_dir, gains a __pycache__). `make workshop` and `make lab` run so too, and every job the workshop starts
+# gets the same cache where the machine writes none (workshop.runtime.contract.bytecode_cache: lab 1's six
+# processes imported TensorFlow in 33-68 s from source, 11-21 s from bytecode, on 2 cores).
 BYTECODE_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
 # Where torch's CPU build comes from (see the set-up below).
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
@@ -84,7 +87,7 @@ PIP_INSTALL = $(BIN)/python -m pip install --quiet
 UV_VERSION := 0.13.8
 LOCK_TOOLS := $(VENV)/lock-tools
 
-.PHONY: setup workshop test test-costs test-fast lab kernel bench bench-allreduce bench-grad-accum bench-pipeline bench-staleness bench-tensor-parallel bench-strategies bench-notebooks figures horovod clean lock upgrade
+.PHONY: setup workshop test test-costs test-fast lab kernel bench bench-allreduce bench-grad-accum bench-pipeline bench-staleness bench-tensor-parallel bench-lab1-startup bench-strategies bench-notebooks figures horovod clean lock upgrade
 
 # Horovod 0.28.1 is source-only and needs patches for today's frameworks; only lab 2 uses it. After the
 # base set-up, `horovod_build start` installs it from an installed, cached or shared (WORKSHOP_WHEELHOUSE)
@@ -130,7 +133,7 @@ $(STAMP): requirements.txt requirements-no-deps.txt pyproject.toml $(LOCK)
 	@echo "Set up: $(VENV) ($$($(BIN)/python --version))"
 
 workshop: setup
-	$(BIN)/python -m workshop run all
+	$(BYTECODE_ENV) $(BIN)/python -m workshop run all
 
 # What only the tests and the linter need (requirements-dev.txt: moto's server, pytest, nbval, ruff), on
 # top of the set-up. An attendee's environment goes without it: it must fit a SageMaker notebook
@@ -178,9 +181,9 @@ lab: setup
 	fi
 	@if [ "$$(id -u)" = 0 ]; then \
 		echo "Running as root (id -u is 0): passing --allow-root, because JupyterLab refuses to start as root without it"; \
-		$(BIN)/jupyter lab --allow-root; \
+		$(BYTECODE_ENV) $(BIN)/jupyter lab --allow-root; \
 	else \
-		$(BIN)/jupyter lab; \
+		$(BYTECODE_ENV) $(BIN)/jupyter lab; \
 	fi
 
 # The kernel alone, for this user (a SageMaker notebook instance's lifecycle scripts register it this
@@ -194,6 +197,7 @@ bench: setup
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_allreduce.py
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_grad_accum.py
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_staleness.py
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_lab1_startup.py
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_pipeline.py
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_tensor_parallel.py
 	@$(BIN)/python -m workshop.horovod_build --wait
@@ -213,6 +217,9 @@ bench-staleness: setup
 
 bench-pipeline: setup
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_pipeline.py
+
+bench-lab1-startup: setup
+	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_lab1_startup.py
 
 bench-tensor-parallel: setup
 	$(BYTECODE_ENV) $(BIN)/python benchmarks/bench_tensor_parallel.py

@@ -19,7 +19,7 @@ from workshop import REPO_ROOT
 BENCH = REPO_ROOT / "benchmarks"
 SCRIPTS = ["bench_data_parallel.py", "bench_allreduce.py", "bench_strategies.py", "planner_validation.py",
            "bench_runtime.py", "bench_cli.py", "bench_your_script.py", "bench_notebooks.py", "bench_grad_accum.py",
-           "bench_pipeline.py", "bench_tensor_parallel.py", "bench_staleness.py"]
+           "bench_pipeline.py", "bench_tensor_parallel.py", "bench_staleness.py", "bench_lab1_startup.py"]
 
 
 def run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+STARTED = time.perf_counter()  # the process's start-up phases are timed from here (each task prints its own)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ INFO/WARNING lines off
 
 import numpy as np  # noqa: E402
@@ -51,6 +52,7 @@ def main(argv=None) -> int:
         setattr(args, name, str(Path(getattr(args, name)).resolve()))  # before any chdir
     import tensorflow as tf
 
+    import_s = time.perf_counter() - STARTED  # TensorFlow's import: the longest part of a task's start-up
     # PS: the role comes from TF_CONFIG's task.type, as TensorFlow's convention has it (the launcher
     # passes the script nothing but its hyperparameters); no TF_CONFIG: an in-process cluster.
     if os.environ.get("TF_CONFIG"):
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
     else:
         resolver = in_process_resolver(tf, args)
     if resolver.task_type in ("ps", "worker"):
-        return run_server(tf, args, resolver)
+        return run_server(tf, args, resolver, import_s)
     code = run_coordinator(tf, args, resolver)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -67,7 +69,7 @@ def main(argv=None) -> int:
     os._exit(code)
 
 
-def run_server(tf, args, resolver) -> int:
+def run_server(tf, args, resolver, import_s: float) -> int:
     """PS: a parameter server or a worker is a TensorFlow server; it serves until stopped."""
     task_type, task_id = resolver.task_type, resolver.task_id
     config = configure_threads(tf, args.threads)
@@ -79,7 +81,9 @@ def run_server(tf, args, resolver) -> int:
         resolver.cluster_spec(), job_name=task_type, task_index=task_id,
         protocol=resolver.rpc_layer or "grpc", config=config, start=True,
     )
-    print(f"{task_type} {task_id} serving at {server.target} (host {os.environ.get('SM_CURRENT_HOST', platform.node())})", flush=True)
+    print(f"{task_type} {task_id} serving at {server.target} (host {os.environ.get('SM_CURRENT_HOST', platform.node())}; "
+          f"TensorFlow imported in {import_s:.1f} s, serving {time.perf_counter() - STARTED:.1f} s after the start)",
+          flush=True)
     server.join()  # never returns: the launcher stops this process when training has ended
     return 0
 

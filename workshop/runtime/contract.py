@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -276,7 +277,19 @@ def base_process_env() -> dict[str, str]:
     part of a distributed job (a notebook started under torchrun, say)."""
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG")
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("SM_", "OMPI_", "PET_"))}
-    return env
+    return {**env, **bytecode_cache(env)}
+
+
+def bytecode_cache(env: dict[str, str]) -> dict[str, str]:
+    """Where the machine sets PYTHONDONTWRITEBYTECODE (CI images and some hosted notebooks do) and the workshop runs
+    from its virtual environment: bytecode written once into the environment's own cache (`<venv>/pycache`, never
+    beside a source, so no job's source_dir gains a __pycache__), as `make test` does. Without it every process of
+    every job compiles TensorFlow from source: lab 1's six processes on 2 cores took 33-68 s to import it (2026-11-28), against
+    a few seconds from bytecode (the set-up installs with --no-compile to fit a notebook instance's disk). Nothing
+    changes where bytecode is written already, or where a cache is set."""
+    if not env.get("PYTHONDONTWRITEBYTECODE") or env.get("PYTHONPYCACHEPREFIX") or sys.prefix == sys.base_prefix:
+        return {}
+    return {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(Path(sys.prefix) / "pycache")}
 
 
 def container_process_env(job_name: str) -> dict[str, str]:

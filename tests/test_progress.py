@@ -163,13 +163,16 @@ LAB1_START = [
     ("", "[algo-3] Starting training script"),
     ("", "[algo-3] Running ParameterServer Driver"),
     ("", '[algo-1] [ps_driver] started ps 0 (pid 10103): TF_CONFIG task {"type": "ps", "index": 0}; python3 train.py'),
-    ("", "[algo-1] [ps0] ps 0 serving at grpc://algo-1:7778 (host algo-1)"),
-    ("1", "[algo-2/1] worker 0 serving at grpc://algo-2:7781 (host algo-2)"),
+    ("", "[algo-1] [ps0] ps 0 serving at grpc://algo-1:7778 (host algo-1; TensorFlow imported in 19.4 s, serving 19.4 "
+         "s after the start)"),
+    ("1", "[algo-2/1] worker 0 serving at grpc://algo-2:7781 (host algo-2; TensorFlow imported in 10.7 s, serving 10.7 "
+          "s after the start)"),
     ("0", '[algo-1/0] Coordinator: 2 worker(s), 3 parameter server(s). Configuration: {"args": {"batch_size": 64}}'),
     ("0", "[algo-1/0] METRICS rank=0 variable=conv1/kernel shard=0 shards=1 device=/job:ps/replica:0/task:0/device:CPU:0"),
 ]
 PHASES = ["hosts starting (0/3 ready)"] * 5 + ["hosts starting (1/3 ready)"] * 3 + ["hosts starting (2/3 ready)"] * 2 + [
-    "importing the framework"] * 3 + ["waiting for the first step"] * 3
+    "importing the framework"] * 2 + ["servers starting (1 up)", "servers starting (2 up)"] + [
+    "waiting for the first step"] * 2
 
 
 def test_the_display_says_each_phase_in_words_and_never_shows_a_raw_line():

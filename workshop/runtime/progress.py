@@ -11,6 +11,7 @@ six TensorFlow processes take a minute or more to start), never a raw log line:
 
     hosts starting (1/3 ready)   each host's set-up (`sm_train.sh`) before its driver runs
     importing the framework      the drivers started the processes, which import PyTorch or TensorFlow
+    servers starting (2 up)      lab 1: TensorFlow servers serving, before the coordinator (rank 0) speaks
     waiting for the first step   the processes are up (they printed), the first step's numbers not yet
     training                     rank 0 reported a step
     finishing (2/3 hosts done)   the last step is done, or a host has ended: saving, stopping
@@ -57,6 +58,9 @@ _RANK_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+")
 # A host's own lines: `sm_train.sh` begins its set-up so (the container runtime), and says so as it runs the driver.
 _SETUP_START = ("Starting training script", "[hostns]")
 _DRIVER_START = re.compile(r"^Running .+ [Dd]river$")
+# A TensorFlow server (lab 1's parameter servers and workers) once it serves: `ps 0 serving at grpc://...`. On 2 cores
+# six TensorFlow processes import it for 10-20 s, and the servers come up one by one: the display counts them.
+_SERVING = re.compile(r"(?:^|\] )(?:ps|worker) \d+ serving at ")
 HEARTBEAT_S = 60.0  # not live: a line this often while the job runs
 TICK_S = 1.0  # live: the display is redrawn at least this often, so its clock moves while no rank writes
 REDRAW_S = 0.2  # live: and at most this often, however fast the lines come
@@ -285,6 +289,8 @@ class JobProgress:
         self._setting_up: set[str] = set()  # hosts in `sm_train.sh`'s set-up, their drivers not yet started
         self._ready: set[str] = set()  # hosts whose driver runs (or whose processes wrote)
         self._ranks_up = False  # a rank (not a host's launcher) has written a line
+        self._serving: set[str] = set()  # TensorFlow servers that serve (lab 1), until rank 0 speaks
+        self._rank0_up = False  # rank 0 (lab 1: the coordinator) has written a line
         self._first_step: tuple[float, int] | None = None  # when rank 0's first step came, and the count then
         self._drawn_t = self.t0 - TICK_S  # when the live display was last redrawn
         self._dirty = False  # it has news a redraw held back (REDRAW_S)
@@ -300,8 +306,11 @@ class JobProgress:
         tag, _, text = line.partition("] ")
         host = tag.lstrip("[").split("/")[0]
         phase = self.phase()
+        if _SERVING.search(text):
+            self._serving.add(text.split(" serving at ")[0])
         if rank:
             self._ranks_up = True
+            self._rank0_up = self._rank0_up or rank == "0"
             self._ready.add(host)
         elif host not in self._ready:
             if text.startswith(_SETUP_START) or host in self._setting_up:  # sm_train.sh's set-up ...
@@ -364,6 +373,8 @@ class JobProgress:
         if self.step is None:
             if not self._ranks_up and len(self._ready) < self.hosts:
                 return f"hosts starting ({len(self._ready)}/{self.hosts} ready)"
+            if self._serving and not self._rank0_up:
+                return f"servers starting ({len(self._serving)} up)"
             if not self._ranks_up:
                 return "importing the framework"
             return "waiting for the first step"

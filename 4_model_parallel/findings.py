@@ -309,11 +309,14 @@ def peak_rows(peak_runs: Mapping[str, list[dict[str, Any]]]) -> list[dict[str, A
 
 def check_peak(peak_runs: Mapping[str, list[dict[str, Any]]], layers: int, d_model: int) -> dict[str, float]:
     """What the peak inside the step must show whatever the machine's speed: between steps shard_grad_op, full_shard
-    and full_shard in bf16 hold the same state; at its peak each shard_grad_op rank holds about layers - 2 blocks of
-    whole parameters more than full_shard's (full_shard holds the block in backward and the one it gathers ahead),
-    within one block (a collective's buffer freed by gloo's thread stays counted on a CPU: accounting.StepPeak); bf16
-    keeps 0.45-0.60 of fp32's saved activations (the blocks' in bf16; the loss's logits stay fp32) and reaches fp32's
-    losses within BF16_LOSS_TOLERANCE. Returns the numbers the notebook prints."""
+    and full_shard in bf16 hold the same state; at its peak each shard_grad_op rank holds about layers - 1 blocks of
+    whole parameters more than full_shard's (shard_grad_op keeps every block gathered; at its peak full_shard holds
+    about one): measured 6.81 at 8 layers and 0.81 at 2 when nothing was overcounted (7 and 1 blocks, less 38,912
+    bytes). On a CPU the count can only read a peak high (a collective's buffer freed by gloo's thread stays counted:
+    accounting.StepPeak), and it did so for full_shard by up to one block and the root's parameters (5.81 and 6.11 at
+    8 layers), so the check allows layers - 3 to layers - 0.5 blocks. bf16 keeps 0.45-0.60 of fp32's saved activations
+    (the blocks' in bf16; the loss's logits stay fp32) and reaches fp32's losses within BF16_LOSS_TOLERANCE. Returns
+    the numbers the notebook prints."""
     sgo, full, bf16 = (peak_runs[k] for k in ("shard_grad_op", "full_shard", "full_shard bf16"))
     block = block_param_bytes(d_model)
     gaps = []
@@ -321,7 +324,7 @@ def check_peak(peak_runs: Mapping[str, list[dict[str, Any]]], layers: int, d_mod
         assert a["state_bytes"] == b["state_bytes"] == c["state_bytes"], (a["state_bytes"], b["state_bytes"],
                                                                          c["state_bytes"])
         gap = a["step_peak_bytes"] - b["step_peak_bytes"]
-        assert abs(gap - (layers - 2) * block) <= block, (a["rank"], gap, (layers - 2) * block, block)
+        assert (layers - 3) * block <= gap <= (layers - 0.5) * block, (a["rank"], gap / block, layers)
         gaps.append(gap)
     acts = bf16[0]["saved_act_bytes"] / full[0]["saved_act_bytes"]
     assert 0.45 <= acts <= 0.60, acts

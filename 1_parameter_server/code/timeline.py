@@ -1,7 +1,11 @@
 """The coordinator's reports of which worker ran which step, and when (how asynchrony shares the work), and of
-how stale each step's gradient was (what asynchrony costs)."""
+how stale each step's gradient was (what asynchrony costs); and each server's report of its own start."""
 
 from __future__ import annotations
+
+import os
+import platform
+import time
 
 import numpy as np
 
@@ -66,3 +70,10 @@ def report_staleness(events: list[tuple[float, int, int]]) -> None:
                 worker_staleness_mean=float(sum(s * n for s, n in counts.items()) / total))
     values = [s for _, _, s in events]
     metrics(rank=0, pushes_total=len(values), staleness_mean=float(np.mean(values)), staleness_max=max(values))
+
+
+def serving_line(task_type: str, task_id: int, target: str, import_s: float, started: float) -> str:
+    """What a server prints once it serves: where, and how long its start took (TensorFlow's import, most of it)."""
+    host = os.environ.get("SM_CURRENT_HOST", platform.node())
+    return (f"{task_type} {task_id} serving at {target} (host {host}; TensorFlow imported in {import_s:.1f} s, "
+            f"serving {time.perf_counter() - started:.1f} s after the start)")

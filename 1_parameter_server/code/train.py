@@ -29,7 +29,6 @@ The lines that make it distributed carry a `PS:` comment.
 from __future__ import annotations
 
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ from arguments import build_parser, check_args  # noqa: E402
 from checkpointing import checkpoint_writer, resume, stop_if_diverged  # noqa: E402
 from cluster import WORKER_ID_FILE, Window, configure_threads, in_process_resolver, write_worker_id  # noqa: E402
 from contract import load_channel, metrics, normalize, restore_error, run_configuration, save_model  # noqa: E402, F401 (restore_error: the tests read it here)
-from timeline import count_push, report_staleness, report_timeline  # noqa: E402
+from timeline import count_push, report_staleness, report_timeline, serving_line  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -53,8 +52,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     import_s = time.perf_counter() - STARTED  # TensorFlow's import: the longest part of a task's start-up
-    # PS: the role comes from TF_CONFIG's task.type, as TensorFlow's convention has it (the launcher
-    # passes the script nothing but its hyperparameters); no TF_CONFIG: an in-process cluster.
+    # PS: the role comes from TF_CONFIG's task.type (the launcher passes only hyperparameters); none: in-process.
     if os.environ.get("TF_CONFIG"):
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     else:
@@ -81,9 +79,7 @@ def run_server(tf, args, resolver, import_s: float) -> int:
         resolver.cluster_spec(), job_name=task_type, task_index=task_id,
         protocol=resolver.rpc_layer or "grpc", config=config, start=True,
     )
-    print(f"{task_type} {task_id} serving at {server.target} (host {os.environ.get('SM_CURRENT_HOST', platform.node())}; "
-          f"TensorFlow imported in {import_s:.1f} s, serving {time.perf_counter() - STARTED:.1f} s after the start)",
-          flush=True)
+    print(serving_line(task_type, task_id, server.target, import_s, STARTED), flush=True)
     server.join()  # never returns: the launcher stops this process when training has ended
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.nn as nn
@@ -100,6 +101,7 @@ class StepPeak:
             return self
         self.held = held_bytes(model) + optimizer_state_bytes(optimizer)
         if self.device is not None:  # a GPU: the allocator counts for us
+            torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.start_bytes = torch.cuda.memory_allocated(self.device)
         else:
@@ -110,11 +112,14 @@ class StepPeak:
             self.prof.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, t0: float) -> float:
+        """Ends the count; returns the seconds since `t0` (perf_counter), the step's time, taken before the profiler's
+        own work."""
+        seconds = time.perf_counter() - t0
         if self.device is not None and self.on:
             self.bytes = torch.cuda.max_memory_allocated(self.device) - self.start_bytes
         if self.prof is None:
-            return
+            return seconds
         self.prof.stop()
         now = 0
         for event in self.prof.profiler.kineto_results.events():  # in the order the allocator reported them
@@ -122,6 +127,7 @@ class StepPeak:
                 now += event.nbytes()  # an allocation's size, or minus a free's
                 self.bytes = max(self.bytes, now)
         self.prof = None
+        return seconds
 
     def measures(self) -> dict:
         return dict(step_start_bytes=self.held, step_peak_bytes=self.held + self.bytes) if self.on else {}

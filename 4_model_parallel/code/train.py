@@ -18,13 +18,12 @@ One flag per technique (see `--help`):
                              simulate: the same hooks, copying into a separate host buffer
   --mixed-precision          bf16 where the device supports it (auto: CUDA with bf16), else fp32
 
-Every rank measures what it holds (accounting.py) and prints `METRICS` lines. gloo on CPU, nccl on GPUs. The
-lines that make it distributed carry a `DIST:` comment. The modules beside this script (its code/ folder ships
-with the job) serve other chapters: the flags and SMP settings, the SageMaker contract, sharded checkpoints,
-torchrun --max-restarts, --profile-steps, DeepSpeed's engine.
+Every rank measures what it holds, and its peak inside a step (accounting.py), in `METRICS` lines. gloo on CPU,
+nccl on GPUs. The lines that make it distributed carry a `DIST:` comment. The modules beside this script (its code/
+folder ships with the job) serve other chapters: the flags and SMP settings, the SageMaker contract, sharded
+checkpoints, torchrun --max-restarts, --profile-steps, DeepSpeed's engine.
 
 Run it (from the lab folder; prepare the channels once with `python -m workshop.datasets.corpus data/corpus`):
-
     python code/train.py --train data/corpus/train --test data/corpus/test
     torchrun --nproc-per-node 2 code/train.py --sharding full_shard ...
     python -m workshop run model_parallel               # 2 simulated SageMaker hosts
@@ -145,8 +144,6 @@ def main(argv=None) -> int:
         x, y = batch(train, args.batch_size, args.seq_len, gen)
         x, y = x[rank * micro : (rank + 1) * micro].to(device), y[rank * micro : (rank + 1) * micro].to(device)  # DIST: this rank's slice
         measure = step == min(start + 2, args.steps)  # the first step warms up the allocator and caches
-        if measure and cuda:
-            torch.cuda.synchronize()
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         if measure:  # the memory inside this step: what it holds now, and the most it allocates on top (accounting.py)
@@ -165,8 +162,7 @@ def main(argv=None) -> int:
         if cuda:
             torch.cuda.synchronize()
         if measure:
-            peak.stop()
-            measured_time = time.perf_counter() - t0  # timed only if no other step is (the count slows it)
+            measured_time = peak.stop(t0)  # timed only if no other step is (the count slows it)
         elif not profiled:
             step_times.append(time.perf_counter() - t0)
         loss_value = loss.detach()
@@ -233,8 +229,7 @@ def wrap_model(model, args, world_size, local_world_size, device, dtype, cuda):
             degree = world_size
             mesh = init_device_mesh(device.type, (world_size,))  # DIST: every rank holds 1/N of each parameter
             how = f"{degree} shards"
-        # DIST: full_shard frees each block's gathered parameters after its forward (ZeRO-3);
-        # shard_grad_op keeps them until backward (ZeRO-2: less communication, more memory).
+        # DIST: full_shard frees a block's gathered weights after its forward (ZeRO-3), shard_grad_op after backward
         reshard = args.sharding != "shard_grad_op"
         for block in model.blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)  # DIST: one all-gather unit per block

@@ -425,6 +425,8 @@ def test_the_notebooks_grid_and_a_check_that_fails_where_a_rank_holds_more_than_
 def test_the_step_peak_is_the_allocators_highest_point_above_the_state():
     """accounting.StepPeak on a CPU: what the rank held when the step began (its parameters and optimizer state) plus
     the most the step allocated at once, to the byte; off, it measures nothing."""
+    import time
+
     import torch
 
     from workshop.spec import load_module
@@ -443,7 +445,7 @@ def test_the_step_peak_is_the_allocators_highest_point_above_the_state():
     del a
     c = torch.empty(500_000)  # 10 MB
     del b, c
-    peak.stop()
+    assert 0 < peak.stop(time.perf_counter() - 60) < 600  # the seconds since the step began
     assert peak.measures() == {"step_start_bytes": held, "step_peak_bytes": held + 12_000_000}
     assert StepPeak(None, on=False).start(model, optimizer).measures() == {}
 

@@ -107,4 +107,3 @@ class Window:
             if name.strip() == "lo":
                 return int(fields.split()[8])  # transmit bytes (on loopback, the same as received)
         return None
-

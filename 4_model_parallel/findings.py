@@ -332,4 +332,3 @@ def check_peak(peak_runs: Mapping[str, list[dict[str, Any]]], layers: int, d_mod
     assert loss_gap <= BF16_LOSS_TOLERANCE, (loss_gap, bf16[0]["final_train_loss"], full[0]["final_train_loss"])
     return {"gap_blocks": min(gaps) / block, "gap_blocks_max": max(gaps) / block, "bf16_acts": acts,
             "bf16_peak": bf16[0]["step_peak_bytes"] / full[0]["step_peak_bytes"], "bf16_loss_gap": loss_gap}
-

@@ -97,14 +97,14 @@ class StepPeak:
         self.device, self.on, self.prof, self.held, self.start_bytes, self.bytes = device, on, None, 0, 0, 0
 
     def start(self, model, optimizer) -> StepPeak:
-        if not self.on:
-            return self
-        self.held = held_bytes(model) + optimizer_state_bytes(optimizer)
-        if self.device is not None:  # a GPU: the allocator counts for us
+        if self.device is not None:  # a GPU: the allocator counts (state_measures reads its peak too, on or off)
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.start_bytes = torch.cuda.memory_allocated(self.device)
-        else:
+        if not self.on:
+            return self
+        self.held = held_bytes(model) + optimizer_state_bytes(optimizer)
+        if self.device is None:
             from torch.profiler import ProfilerActivity, profile
 
             os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # read at the profiler's first use: no start/stop notes

@@ -58,10 +58,15 @@ FAST_TEST_WORKERS ?= 2
 # the set-up installed with --no-compile (below), each compiled TensorFlow's, the SDK's, moto's, ...
 # modules from source again (`import tensorflow`: 6.4 s of CPU, 3.8 s from bytecode). These write it once,
 # into .venv/pycache (PYTHONPYCACHEPREFIX: never beside a source, so no lab's code/ folder, a job's
-# source_dir, gains a __pycache__). `make workshop` and `make lab` run so too, and every job the workshop starts
-# gets the same cache where the machine writes none (workshop.runtime.contract.bytecode_cache: lab 1's six
+# source_dir, gains a __pycache__). `make workshop`, `make lab` and every job the workshop starts get the
+# same cache where the machine writes none (workshop.runtime.contract.bytecode_cache: lab 1's six
 # processes imported TensorFlow in 33-68 s from source, 11-21 s from bytecode, on 2 cores).
 BYTECODE_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
+# An attendee's runs (`make workshop`, `make lab`) the same way, but only where the machine sets PYTHONDONTWRITEBYTECODE:
+# elsewhere (a notebook instance, most laptops) Python writes bytecode beside the sources, as the set-up and the
+# kernel already did, and a second copy in .venv/pycache cost a 5 GiB notebook volume 85 MiB (1,515 MiB left free,
+# under scripts/simulate_notebook_instance.sh's 1,536).
+RUN_BYTECODE_ENV := $(if $(PYTHONDONTWRITEBYTECODE),$(BYTECODE_ENV))
 # Where torch's CPU build comes from (see the set-up below).
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # The lock (lock/, scripts/lock.py): every package the set-up installs, at one version, with the sha256 of each of
@@ -133,7 +138,7 @@ $(STAMP): requirements.txt requirements-no-deps.txt pyproject.toml $(LOCK)
 	@echo "Set up: $(VENV) ($$($(BIN)/python --version))"
 
 workshop: setup
-	$(BYTECODE_ENV) $(BIN)/python -m workshop run all
+	$(RUN_BYTECODE_ENV) $(BIN)/python -m workshop run all
 
 # What only the tests and the linter need (requirements-dev.txt: moto's server, pytest, nbval, ruff), on
 # top of the set-up. An attendee's environment goes without it: it must fit a SageMaker notebook
@@ -181,9 +186,9 @@ lab: setup
 	fi
 	@if [ "$$(id -u)" = 0 ]; then \
 		echo "Running as root (id -u is 0): passing --allow-root, because JupyterLab refuses to start as root without it"; \
-		$(BYTECODE_ENV) $(BIN)/jupyter lab --allow-root; \
+		$(RUN_BYTECODE_ENV) $(BIN)/jupyter lab --allow-root; \
 	else \
-		$(BYTECODE_ENV) $(BIN)/jupyter lab; \
+		$(RUN_BYTECODE_ENV) $(BIN)/jupyter lab; \
 	fi
 
 # The kernel alone, for this user (a SageMaker notebook instance's lifecycle scripts register it this

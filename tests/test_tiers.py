@@ -220,3 +220,24 @@ def test_jobs_get_a_bytecode_cache_where_the_machine_writes_none(monkeypatch) ->
     monkeypatch.delenv("PYTHONPYCACHEPREFIX")
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "")
     assert "PYTHONPYCACHEPREFIX" not in base_process_env()
+
+
+@pytest.mark.parametrize("target", ["workshop", "lab"])
+@pytest.mark.parametrize("machine_writes_bytecode", [True, False])
+def test_an_attendees_runs_write_bytecode_once_where_the_machine_writes_it(target: str, machine_writes_bytecode: bool) -> None:
+    """`make workshop` and `make lab` move bytecode into .venv/pycache only where the machine sets
+    PYTHONDONTWRITEBYTECODE (it would be compiled at every start otherwise). Where Python writes it beside the
+    sources (a notebook instance, most laptops), the set-up and the kernel already did so: a second copy in
+    .venv/pycache cost a simulated 5 GiB notebook volume about 85 MiB and left it 1,515 MiB free, under the
+    1,536 MiB scripts/simulate_notebook_instance.sh requires (2026-11-28)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "MAKEFLAGS")}
+    if not machine_writes_bytecode:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    plan = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=60, check=True, env=env).stdout.replace("\\\n", " ")
+    runs = [ln for ln in plan.splitlines() if "-m workshop run all" in ln or "/jupyter lab" in ln]
+    assert runs, plan[-2000:]
+    prefixed = [("PYTHONPYCACHEPREFIX=" in ln) for ln in runs]
+    assert prefixed == [not machine_writes_bytecode] * len(runs), runs

@@ -113,8 +113,8 @@ def find_tagged(source: str, tag: str) -> list[Tagged]:
 
 def distributed_lines(script_path: str | Path, tag: str) -> str:
     """The lines of `script_path` that carry `tag` (e.g. "DDP"), each with the whole statement
-    it explains, numbered as in the file. Runs of consecutive lines are dedented together;
-    a blank line separates runs."""
+    it explains, numbered as in the file. Runs of consecutive lines are dedented together; the
+    numbers' jumps show where one run ends (no blank line between runs: lab 4's listing is 25 lines, not 41)."""
     path = Path(script_path)
     source = path.read_text()
     lines = source.splitlines()
@@ -131,4 +131,4 @@ def distributed_lines(script_path: str | Path, tag: str) -> str:
     for run in runs:
         text = textwrap.dedent("\n".join(lines[n - 1] for n in run)).splitlines()
         blocks.append("\n".join(f"{n:4d}  {line}".rstrip() for n, line in zip(run, text, strict=True)))
-    return header + "\n\n" + "\n\n".join(blocks)
+    return header + "\n\n" + "\n".join(blocks)

@@ -64,8 +64,8 @@ FAST_TEST_WORKERS ?= 2
 BYTECODE_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
 # An attendee's runs (`make workshop`, `make lab`) the same way, but only where the machine sets PYTHONDONTWRITEBYTECODE:
 # elsewhere (a notebook instance, most laptops) Python writes bytecode beside the sources, as the set-up and the
-# kernel already did, and a second copy in .venv/pycache cost a 5 GiB notebook volume 85 MiB (1,515 MiB left free,
-# under scripts/simulate_notebook_instance.sh's 1,536).
+# kernel already did, and a second copy in .venv/pycache cost a 5 GiB notebook volume 113 MiB (1,515 MiB left free,
+# under scripts/simulate_notebook_instance.sh's 1,536; 1,628 without it).
 RUN_BYTECODE_ENV := $(if $(PYTHONDONTWRITEBYTECODE),$(BYTECODE_ENV))
 # Where torch's CPU build comes from (see the set-up below).
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu

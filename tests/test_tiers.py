@@ -228,8 +228,8 @@ def test_an_attendees_runs_write_bytecode_once_where_the_machine_writes_it(targe
     """`make workshop` and `make lab` move bytecode into .venv/pycache only where the machine sets
     PYTHONDONTWRITEBYTECODE (it would be compiled at every start otherwise). Where Python writes it beside the
     sources (a notebook instance, most laptops), the set-up and the kernel already did so: a second copy in
-    .venv/pycache cost a simulated 5 GiB notebook volume about 85 MiB and left it 1,515 MiB free, under the
-    1,536 MiB scripts/simulate_notebook_instance.sh requires (2026-11-28)."""
+    .venv/pycache cost a simulated 5 GiB notebook volume 113 MiB and left it 1,515 MiB free, under the
+    1,536 MiB scripts/simulate_notebook_instance.sh requires (1,628 without it, 2026-11-28)."""
     import os
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "MAKEFLAGS")}

@@ -135,7 +135,7 @@ def bare(name: str, scratch: Path, channels: dict[str, Path]) -> float:
 
 def local_cluster(name: str, scratch: Path, channels: dict[str, Path]) -> tuple[float, float]:
     """(the train_locally call's wall time, the job's own wall time as the cluster measured it)."""
-    from sagemaker.train.configs import Compute, InputData, SourceCode
+    from sagemaker.core.training.configs import Compute, InputData, SourceCode
     from sagemaker.train.distributed import Torchrun
     from sagemaker.train.model_trainer import Mode, ModelTrainer
 

@@ -169,3 +169,13 @@ def test_each_docs_page_says_what_it_is_for_and_links_back_to_the_readme(page: P
     first = lines[at]
     assert README.resolve() in _linked_files(page, first), f"{page.name}: {first!r} does not link ../README.md"
     assert at + 1 == len(lines) or not lines[at + 1].strip(), f"{page.name}: says what it is for in one line"
+
+
+def test_what_a_reader_copies_imports_the_sdks_current_modules() -> None:
+    """SDK v3 moved the training configs to `sagemaker.core.training.configs`; `sagemaker.train.configs` is a shim
+    that warns ("This shim will be removed in a future version") in the reader's notebook or script. The docs'
+    and the notebooks' examples, what a person copies, use the module the SDK keeps (the tests go on using the
+    shim too: a script a user already has may)."""
+    pages = [*DOCS.glob("*.md"), REPO_ROOT / "README.md", *REPO_ROOT.glob("[0-9]_*/*.ipynb"), *REPO_ROOT.glob("[0-9]_*/*.md")]
+    stale = [p.relative_to(REPO_ROOT).as_posix() for p in pages if "sagemaker.train.configs" in p.read_text(encoding="utf-8")]
+    assert not stale, f"import the configs from sagemaker.core.training.configs in: {stale}"

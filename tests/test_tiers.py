@@ -175,6 +175,12 @@ def test_two_workers_run_a_notebooks_cells_in_order_in_one_kernel(tmp_path: Path
     assert len(cells) == 6 and len(set(cells)) == 1, proc.stdout[-3000:]
 
 
+def make_plan(target: str, env: dict[str, str] | None = None) -> str:
+    """What `make -n target` would run, each recipe line whole (its backslash continuations joined)."""
+    return subprocess.run(["make", "-n", "--no-print-directory", target], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=60, check=True, env=env).stdout.replace("\\\n", " ")
+
+
 @pytest.mark.parametrize("target", ["test", "test-fast", "bench"])
 def test_make_runs_the_tests_with_bytecode_written_once_away_from_the_sources(target: str, tmp_path: Path) -> None:
     """`make test`, `make test-fast` and `make bench` run with bytecode written into .venv/pycache (Makefile:
@@ -183,8 +189,7 @@ def test_make_runs_the_tests_with_bytecode_written_once_away_from_the_sources(ta
     import os
     import shlex
 
-    plan = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=60, check=True).stdout.replace("\\\n", " ")
+    plan = make_plan(target)
     runs = [ln for ln in plan.splitlines() if (" -m pytest " if target.startswith("test") else " benchmarks/") in ln]
     # each command line's leading NAME=value words: the environment it runs with
     envs = [dict(w.split("=", 1) for w in itertools.takewhile(lambda w: "=" in w, shlex.split(ln))) for ln in runs]
@@ -235,8 +240,7 @@ def test_an_attendees_runs_write_bytecode_once_where_the_machine_writes_it(targe
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "MAKEFLAGS")}
     if not machine_writes_bytecode:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
-    plan = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=60, check=True, env=env).stdout.replace("\\\n", " ")
+    plan = make_plan(target, env)
     runs = [ln for ln in plan.splitlines() if "-m workshop run all" in ln or "/jupyter lab" in ln]
     assert runs, plan[-2000:]
     prefixed = [("PYTHONPYCACHEPREFIX=" in ln) for ln in runs]

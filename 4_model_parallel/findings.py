@@ -210,12 +210,32 @@ def pipeline_planner(records: Records) -> tuple[planner.Model, planner.InstanceT
     return model, machine
 
 
+def pipeline_overheads(records: Records) -> dict[str, float]:
+    """Each schedule's own cost per micro-batch forward or backward on a stage, from the same run: its step on
+    the model too narrow to compute (code/pipeline.py's `overhead_step_s`, at every m), less the hand-offs'
+    latency, over the 2(m + p - 1) forwards and backwards on the step's critical path; pooled over every m and
+    stage (a ratio of sums). 0 where the run did not time it (`--overhead-width 0`)."""
+    import statistics
+
+    alpha = statistics.median(r["p2p_alpha_s"] for r in records)
+    out = {}
+    for schedule in {r["schedule"] for r in records}:
+        mine = [r for r in records if r["schedule"] == schedule and r["overhead_width"]]
+        if not mine:
+            out[schedule] = 0.0
+            continue
+        spent = sum(max(0.0, r["overhead_step_s"] - 2 * (r["world_size"] - 1) * alpha) for r in mine)
+        out[schedule] = spent / sum(2 * (r["microbatches"] + r["world_size"] - 1) for r in mine)
+    return out
+
+
 def pipeline_rows(records: Records) -> list[dict[str, Any]]:
     """One row per schedule and m: each stage's idle share, its share waiting for a core, step and activations (medians
     over the repeated runs' records), beside the bubble (p-1)/(m+p-1) and the planner's step and activations."""
     import statistics
 
     model, machine = pipeline_planner(records)
+    overheads = pipeline_overheads(records)
     rows = []
     for schedule, m in sorted({(r["schedule"], r["microbatches"]) for r in records},
                               key=lambda k: (planner.SCHEDULES.index(k[0]), k[1])):
@@ -223,7 +243,8 @@ def pipeline_rows(records: Records) -> list[dict[str, Any]]:
         stages = sorted({r["rank"] for r in mine})
         of = {s: [r for r in mine if r["rank"] == s] for s in stages}
         p, batch = mine[0]["world_size"], mine[0]["batch_size"]
-        predicted = planner.pipeline_step(model, machine, p, m, batch, schedule)
+        predicted = planner.pipeline_step(model, machine, p, m, batch, schedule,
+                                          microbatch_overhead_s=overheads[schedule])
         steps = [statistics.median(r["step_s"] for r in of[s]) for s in stages]
         rows.append({
             "schedule": schedule, "m": m, "stages": p,

@@ -55,6 +55,36 @@ def test_gpipe_keeps_the_whole_batchs_activations_and_1f1b_those_of_p_micro_batc
         assert one_f_one_b.total_s == pytest.approx(gpipe.total_s)  # the same bubble: only the memory differs
 
 
+def test_the_schedules_own_cost_lies_on_2_m_plus_p_minus_1_forwards_and_backwards_and_grows_with_m():
+    o = 1e-3  # what one micro-batch's forward or backward costs a stage besides its compute and bytes
+    for m in (1, 2, 4, 8):
+        plain = planner.pipeline_step(MLP, LOCAL, 2, m, 1024, planner.GPIPE)
+        costly = planner.pipeline_step(MLP, LOCAL, 2, m, 1024, planner.GPIPE, microbatch_overhead_s=o)
+        assert costly.overhead_s == pytest.approx(2 * (m + 1) * o) and plain.overhead_s == 0
+        assert costly.total_s == pytest.approx(plain.total_s + 2 * (m + 1) * o)
+        assert costly.idle_share > plain.idle_share  # a stage is not computing while the schedule works
+        assert costly.compute_s == plain.compute_s and costly.bubble_s == plain.bubble_s
+    assert planner.pipeline_step(MLP, LOCAL, 1, 4, 1024, microbatch_overhead_s=o).overhead_s == 0  # no pipeline
+    with pytest.raises(WorkshopError, match="microbatch_overhead_s must be 0 or more"):
+        planner.pipeline_step(MLP, LOCAL, 2, 4, 1024, microbatch_overhead_s=-1e-3)
+
+
+def test_the_schedules_own_cost_is_read_from_the_narrow_models_steps_less_the_hand_offs_latency():
+    findings = load_module(LAB.path / "findings.py", "_lab4_findings_overheads")
+    run = records()  # the narrow model's step: 2(m + 1) x 1 ms, plus the 2 hand-offs' 0.2 ms latency
+    assert findings.pipeline_overheads(run) == pytest.approx({"gpipe": 1e-3, "1f1b": 1e-3})
+    for r in run:
+        if r["schedule"] == "1f1b":
+            r["overhead_step_s"] += 2 * (r["microbatches"] + 1) * 1e-3  # 1F1B's own work twice GPipe's
+    assert findings.pipeline_overheads(run) == pytest.approx({"gpipe": 1e-3, "1f1b": 2e-3})
+    rows = {(r["schedule"], r["m"]): r["planner"] for r in findings.pipeline_rows(run)}
+    assert rows["1f1b", 8].overhead_s == pytest.approx(2 * 9 * 2e-3) and rows["gpipe", 8].overhead_s == \
+        pytest.approx(2 * 9 * 1e-3)
+    for r in run:
+        r["overhead_width"] = 0  # --overhead-width 0: not timed, nothing added
+    assert findings.pipeline_overheads(run) == {"gpipe": 0.0, "1f1b": 0.0}
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"microbatches": 1, "schedule": "1f1b"}, "1F1B needs at least one micro-batch per stage"),
     ({"schedule": "interleaved"}, "Unknown pipeline schedule"),
@@ -100,6 +130,7 @@ def records(d=64, per=2, batch=64, microbatches=(1, 2, 4, 8)):
                             "peak_microbatches": held, "peak_saved_bytes": held * batch // m * (per + 1) * d * 4,
                             "loss": 0.98 if rank == 1 else float("nan"), "max_rel_diff": 1e-7,
                             "one_process_compute_s": 0.01, "p2p_alpha_s": 2e-4, "p2p_bandwidth_Bps": 1e9,
+                            "overhead_width": 2, "overhead_step_s": 2 * (m + 1) * 1e-3 + 2 * 2e-4,
                             "timeline": []})
     return out
 
@@ -143,4 +174,5 @@ def test_gpipe_and_1f1b_give_one_processs_loss_and_keep_m_and_p_micro_batches():
         assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5), (schedule, m)
     for r in run:
         assert r["peak_microbatches"] == (r["microbatches"] if r["schedule"] == "gpipe" else 2 - r["rank"]), r
+        assert r["overhead_width"] == 2 and 0 < r["overhead_step_s"] < r["step_s"] * 10, r  # the narrow model timed
         assert 0 <= r["idle_share"] < 1 and 0 <= r["queued_share"] < 1 and len(r["timeline"]) == 2 * r["microbatches"]

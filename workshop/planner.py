@@ -111,11 +111,14 @@ backward) and 1F1B (Narayanan et al., "PipeDream", SOSP'19, and Megatron-LM's sc
 https://arxiv.org/abs/2104.04473, section 2.2: after p forwards, one backward per forward) both fill
 and drain the pipeline: each stage waits p-1 slots of t in all, so
 
-    step = (m + p - 1) t + 2(p - 1) (alpha + b / B)        bubble = (p-1)/(m+p-1) of (m+p-1) t
+    step = (m + p - 1) (t + 2 o) + 2(p - 1) (alpha + b / B)        bubble = (p-1)/(m+p-1) of (m+p-1) t
 
 where b is one micro-batch's hand-off (the boundary activation in forward, its gradient in backward:
 batch / m x `Model.handoff_bytes_per_sample`), sent point to point; the hand-offs of the fill and
-the drain lie on the critical path, the rest overlap compute. What differs is memory: a stage keeps
+the drain lie on the critical path, the rest overlap compute; o is what the schedule costs per micro-batch
+forward or backward besides its compute and its bytes (its blocking send and receive, its bookkeeping, each
+call into the stage's layers), where it is measured (0 otherwise): 2(m + p - 1) of them lie on the critical
+path, so it grows with m while the bubble shrinks. What differs is memory: a stage keeps
 the activations of every micro-batch whose forward ran and whose backward has not: GPipe all m
 (the whole batch's, whatever m is), 1F1B at most p on the first stage (p/m of GPipe's). 1F1B needs
 m >= p. Consecutive stages sit on one instance while p fits in it (its intra-node link), else they
@@ -738,30 +741,39 @@ class PipelineStep:
     compute_s: float  # one stage's forward and backward of all m micro-batches
     bubble_s: float  # the p-1 micro-batch slots it waits while the pipeline fills and drains
     handoff_s: float  # the hand-offs on the critical path: 2(p-1) point-to-point messages
+    overhead_s: float  # the schedule's own cost: 2(m+p-1) forwards and backwards x microbatch_overhead_s
     handoff_bytes: float  # bytes a stage sends on per step (activations forward, or gradients back)
     activation_bytes: float  # the most a stage keeps for backward at once (the first stage's)
     microbatches_held: int  # how many micro-batches' activations that is
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.bubble_s + self.handoff_s
+        return self.compute_s + self.bubble_s + self.handoff_s + self.overhead_s
 
     @property
     def idle_share(self) -> float:
-        """The share of the step a stage is not computing: the bubble and the exposed hand-offs."""
+        """The share of the step a stage is not computing: the bubble, the exposed hand-offs and the schedule's
+        own cost."""
         return 1 - self.compute_s / self.total_s if self.total_s else 0.0
 
 
 def pipeline_step(model: Model, instance_type: str | InstanceType, stages: int, microbatches: int,
                   batch_size: int, schedule: str = ONE_F_ONE_B, mfu: float = 0.4,
-                  procs_per_instance: int | None = None) -> PipelineStep:
+                  procs_per_instance: int | None = None, microbatch_overhead_s: float = 0.0) -> PipelineStep:
     """Predicted step of a pipeline (the module docstring's formula): `batch_size` samples per step, split
-    into `microbatches`, through `stages` stages of equal compute, one per GPU (or core)."""
+    into `microbatches`, through `stages` stages of equal compute, one per GPU (or core).
+    `microbatch_overhead_s`: what the schedule costs per micro-batch forward or backward on a stage besides its
+    compute and its bytes, if measured (code/pipeline.py runs the same schedule on a model too narrow to
+    compute); 2(m + p - 1) of them lie on the step's critical path."""
     if schedule not in SCHEDULES:
         raise WorkshopError(f"Unknown pipeline schedule {schedule!r}.", f"use one of {', '.join(SCHEDULES)}.")
     inst = get_instance(instance_type)
     for label, value in (("stages", stages), ("microbatches", microbatches), ("batch_size", batch_size)):
         _positive_int(label, value)
+    if not microbatch_overhead_s >= 0:
+        raise WorkshopError(f"microbatch_overhead_s must be 0 or more, got {microbatch_overhead_s}.",
+                            "give the measured seconds a schedule costs per micro-batch forward or backward "
+                            "besides compute and bytes, or 0.")
     if microbatches > batch_size:
         raise WorkshopError(f"{microbatches} micro-batches of a batch of {batch_size}: some would be empty.",
                             "use at most batch_size micro-batches.")
@@ -782,6 +794,7 @@ def pipeline_step(model: Model, instance_type: str | InstanceType, stages: int, 
     return PipelineStep(
         schedule, p, m, compute_s=compute, bubble_s=(p - 1) * compute / m,
         handoff_s=2 * (p - 1) * (alpha + b / bandwidth) if p > 1 else 0.0,
+        overhead_s=2 * (m + p - 1) * microbatch_overhead_s if p > 1 else 0.0,
         handoff_bytes=batch_size * model.handoff_bytes_per_sample if p > 1 else 0.0,
         activation_bytes=held * batch_size / m * model.activation_bytes_per_sample / p,
         microbatches_held=held,

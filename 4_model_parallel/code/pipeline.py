@@ -18,8 +18,9 @@ Per stage and step it measures
   a stage that waits for a core holds up the other, whose idle share then exceeds the bubble.
 
 It also measures the link between the two ranks (a ping-pong of one byte and of one micro-batch's
-hand-off) and the one-process compute time, which the planner's pipeline model (workshop.planner)
-predicts the step time from. Prints `METRICS` lines; `--out` (rank 0) writes every record as JSON.
+hand-off), the one-process compute time, and each schedule's own cost: the same schedule at the same m on a
+model of the same depth too narrow to compute (`--overhead-width`), whose step is the schedule's sends,
+receives and bookkeeping. The planner's pipeline model (workshop.planner) predicts the step time from these. Prints `METRICS` lines; `--out` (rank 0) writes every record as JSON.
 Exits non-zero when a schedule's loss or gradients differ from the single process.
 """
 
@@ -52,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"], choices=["gpipe", "1f1b"],
                    help="pipeline schedules to run")
     p.add_argument("--steps", type=int, default=5, help="timed steps per schedule and m (after one warm-up step)")
+    p.add_argument("--overhead-width", type=int, default=2,
+                   help="width of the model too narrow to compute on which each schedule's own cost is timed "
+                        "(0: not timed)")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and data")
     p.add_argument("--out", default="", help="rank 0 writes every rank's records here as JSON")
     return p
@@ -69,13 +73,13 @@ def main(argv=None) -> int:
     dist.init_process_group("gloo")  # PP: one process per stage
     device = torch.device("cpu")
     torch.manual_seed(args.seed)
-    full = nn.Sequential(*[nn.Sequential(nn.Linear(args.d_model, args.d_model), nn.Tanh())
-                           for _ in range(world * args.layers_per_stage)])
-    x, target = torch.randn(args.batch_size, args.d_model), torch.randn(args.batch_size, args.d_model)
     per = args.layers_per_stage
-    layers = full[rank * per:(rank + 1) * per]  # PP: this rank keeps its own layers only
+    full, layers, x, target = build(args.d_model, per, args.batch_size, rank, world)
     reference, compute_s = one_process(full, layers, x, target)
     link = ping_pong(rank, args.batch_size * args.d_model * 4)
+    if args.overhead_width:  # the same depth, too narrow to compute: what the schedule itself costs
+        narrow = build(args.overhead_width, per, args.batch_size, rank, world)
+        narrow_reference, _ = one_process(*narrow)
     records = []
     for schedule_name in args.schedules:
         for m in args.microbatches:
@@ -84,8 +88,13 @@ def main(argv=None) -> int:
                     print(f"1F1B at m={m}: left out (1F1B needs at least one micro-batch per stage, m >= p = {world})")
                 continue
             record = run_schedule(schedule_name, m, layers, x, target, rank, world, device, args.steps, reference)
+            if args.overhead_width:
+                _, narrow_layers, narrow_x, narrow_target = narrow
+                record["overhead_step_s"] = run_schedule(schedule_name, m, narrow_layers, narrow_x, narrow_target,
+                                                         rank, world, device, args.steps, narrow_reference)["step_s"]
             record.update(rank=rank, world_size=world, one_process_compute_s=compute_s, **link,
-                          d_model=args.d_model, batch_size=args.batch_size, layers_per_stage=per)
+                          d_model=args.d_model, batch_size=args.batch_size, layers_per_stage=per,
+                          overhead_width=args.overhead_width)
             timeline = record.pop("timeline")
             metrics(**record)
             records.append({**record, "timeline": timeline})
@@ -143,6 +152,13 @@ def run_schedule(name, m, layers, x, target, rank, world, device, steps, referen
                 peak_microbatches=meter.peak_alive, peak_saved_bytes=meter.peak_bytes,
                 loss=losses[-1] if rank == world - 1 else float("nan"), ref_loss=ref_loss,
                 max_rel_diff=max(diffs), timeline=meter.intervals)
+
+
+def build(width: int, per: int, batch: int, rank: int, world: int):
+    """A stack of world x per Linear(width) + Tanh layers, this rank's stage of it, and a batch with its target."""
+    full = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(world * per)])
+    x, target = torch.randn(batch, width), torch.randn(batch, width)
+    return full, full[rank * per:(rank + 1) * per], x, target  # PP: this rank keeps its own layers only
 
 
 def one_process(full: nn.Module, layers: nn.Module, x, target):

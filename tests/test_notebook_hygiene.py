@@ -277,3 +277,37 @@ def test_local_work_cells_are_the_same_in_both_modes(notebook: Path) -> None:
             if not any(tag.startswith("injected-") for tag in cell.metadata.get("tags", []))]
     # (each exercise cell with its solution in place, as nbval's run has it: workshop/teaching.py)
     assert kept == [teaching.solved_source(notebook, cell) or cell.source for i, cell in enumerate(nb.cells) if i not in tagged]
+
+
+SHELL_LINE = re.compile(r"^\s*!(?!=)")  # IPython's `!command` (not `!=`, which a line never starts with anyway)
+
+
+def test_ipythons_shell_escape_never_fails_a_cell_by_itself() -> None:
+    """Why the test below exists: `!command` that exits non-zero leaves the cell successful (IPython only sets
+    `_exit_code`), so nbval would pass a notebook whose command failed."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        result = shell.run_cell("!exit 3")
+        assert result.success and shell.user_ns["_exit_code"] == 3
+        failed = shell.run_cell("!exit 3\nassert _exit_code == 0, 'the command failed'")
+        assert not failed.success  # the check the notebooks carry is what turns a failed command into a failed cell
+    finally:
+        InteractiveShell.clear_instance()
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=_ids)
+def test_a_shell_command_in_a_notebook_fails_its_cell_when_it_fails(notebook: Path) -> None:
+    """A cell that runs `!command` checks `_exit_code` after it, in the same cell: a failed command fails the cell
+    (for nbval in CI, and for the attendee, who sees the check's message under the command's own lines)."""
+    bad = []
+    for i, cell in enumerate(_read(notebook).cells):
+        if cell.cell_type != "code":
+            continue
+        lines = cell.source.splitlines()
+        for n, line in enumerate(lines):
+            if SHELL_LINE.match(line) and not any("_exit_code" in later for later in lines[n + 1:]):
+                bad.append(f"cell {i}: {line.strip()[:100]}")
+    assert not bad, (f"{notebook.name}: a shell command whose failure nobody would see (IPython's `!` never fails "
+                     "a cell); add `assert _exit_code == 0, ...` after it:\n" + "\n".join(bad))

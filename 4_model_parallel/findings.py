@@ -159,6 +159,26 @@ def fsdp_against_ddp(profiles: Mapping[str, Any], lab: Any) -> Comm:
                 units=profiled.fsdp_units)
 
 
+def fsdp_finding(c: Comm, profiles: Mapping[str, Any], big: planner.Model) -> str:
+    """What the profiles found, in sentences: FSDP's collectives and bytes per step against the planner's and DDP's,
+    each run's share of communication, and the planner's exposed communication for `big` on 2 x ml.p4d.24xlarge."""
+    fsdp, ddp = profiles["FSDP"], profiles["DDP"]
+    lines = [
+        f"FSDP ran {c.gathers + c.scatters:g} collectives per step, the planner's {c.on_gloo.collectives} (3 per unit "
+        f"x {c.units} units), against DDP's {c.found['DDP']['all-reduce'][0]:g} all-reduce(s).",
+        f"Each rank sent per step: FSDP {c.sent / 1e6:.2f} MB (the planner: {c.on_gloo.bytes_per_rank / 1e6:.2f} MB; "
+        f"on NCCL {c.on_nccl.bytes_per_rank / 1e6:.2f} MB), DDP {c.ddp_sent / 1e6:.2f} MB.",
+        f"Communication: {fsdp.share('communication'):.0%} of FSDP's step (+ {fsdp.share('idle'):.0%} idle), "
+        f"{ddp.share('communication'):.0%} of DDP's (+ {ddp.share('idle'):.0%}); FSDP blocks on each, on gloo.",
+        f"The planner, {big.name} on 2 x ml.p4d.24xlarge: exposed communication, share of a step"]
+    for strategy in (planner.FULL, planner.DDP):
+        serial, hidden = (planner.step_time(big, "ml.p4d.24xlarge", strategy, 1, 2, overlap=o) for o in (0.0, 1.0))
+        lines.append(f"  {planner.LABELS[strategy]}: {serial.exposed_comm_s / serial.total_s:.0%} if nothing overlaps "
+                     f"(gloo), {hidden.exposed_comm_s / hidden.total_s:.0%} overlapped; "
+                     f"{serial.bytes_per_gpu / 1e9:.1f} GB per GPU")
+    return "\n".join(lines)
+
+
 def collectives_table(c: Comm):
     """Each run's collectives per step on rank 0, as a table."""
     from workshop.teaching import table
@@ -170,10 +190,16 @@ def collectives_table(c: Comm):
 
 
 def check_profiles(profiles: Mapping[str, Any], c: Comm) -> None:
-    """The profiler's reports add up: on every rank compute + communication + data + idle is the step time (to
-    1e-6), every rank sent bytes, and each report's bytes per step are the ones counted from the trace (DDP's:
-    2(N-1)/N x K)."""
+    """FSDP ran the planner's 3 collectives per unit, gathered the parameters twice and reduce-scattered them once (to
+    1%: FSDP2 pads each shard to a multiple of N), and sent the planner's bytes (2%); the profiler's reports add up: on
+    every rank compute + communication + data + idle is the step time (to 1e-6), every rank sent bytes, and each
+    report's bytes per step are the ones counted from the trace (DDP's: 2(N-1)/N x K)."""
     from workshop.trace_report import PARTS
+
+    assert c.gathers + c.scatters == c.on_gloo.collectives and c.gathers == 2 * c.scatters, c.found
+    assert abs(c.gathered / (2 * c.params) - 1) < 0.01, (c.gathered, c.params)
+    assert abs(c.scattered / c.params - 1) < 0.01, (c.scattered, c.params)
+    assert abs(c.sent / c.on_gloo.bytes_per_rank - 1) < 0.02, (c.sent, c.on_gloo.bytes_per_rank)
 
     for name, report in profiles.items():
         ranks = [s.rank for s in report.summaries]
@@ -353,3 +379,112 @@ def check_peak(peak_runs: Mapping[str, list[dict[str, Any]]], layers: int, d_mod
     assert loss_gap <= BF16_LOSS_TOLERANCE, (loss_gap, bf16[0]["final_train_loss"], full[0]["final_train_loss"])
     return {"gap_blocks": min(gaps) / block, "gap_blocks_max": max(gaps) / block, "bf16_acts": acts,
             "bf16_peak": bf16[0]["step_peak_bytes"] / full[0]["step_peak_bytes"], "bf16_loss_gap": loss_gap}
+
+
+def peak_table(peak_runs: Mapping[str, list[dict[str, Any]]], layers: int):
+    """`peak_rows` as a table, in KB."""
+    from workshop.teaching import table
+
+    return table(peak_rows(peak_runs), caption=f"{layers} layers, N = 2, KB: between steps (state), after the forward "
+                 "pass, at the peak inside the step, and saved for backward",
+                 formats={**{c: ",.1f" for c in ("state", "params after forward", "saved act", "peak in step")},
+                          "loss": ".4f", "test loss": ".4f"})
+
+
+def job_summary(name: str, records: Sequence[Mapping[str, Any]]) -> float:
+    """Print what each rank of a training job reported holding (its state against the ideal, its saved activations,
+    its peak inside the step and, on a GPU, max_memory_allocated) and its final test accuracy; return the accuracy."""
+    from workshop import metrics
+
+    for r in sorted((r for r in records if "state_bytes" in r), key=lambda r: r.get("rank", 0)):
+        gpu = f", max_memory_allocated {r['max_memory_allocated'] / 1e6:.1f} MB" if "max_memory_allocated" in r else ""
+        peak = f", peak in step {r['step_peak_bytes'] / 1e3:.1f} KB" if "step_peak_bytes" in r else ""
+        print(f"{name} rank {r['rank']}: state {r['state_bytes'] / 1e3:.1f} KB (ideal {r['ideal_state_bytes'] / 1e3:.1f}), "
+              f"saved activations {r['saved_act_bytes'] / 1e3:.1f} KB{peak}{gpu}")
+    accuracy = metrics.last(records, "test_accuracy")
+    print(f"{name}: final next-character test accuracy: {accuracy:.4f}, perplexity "
+          f"{metrics.last(records, 'perplexity'):.2f}")
+    return accuracy
+
+
+def deepspeed_config(lab: Any, model: Mapping[str, Any], n: int) -> tuple[dict[str, Any], list[int]]:
+    """The DeepSpeed configuration code/deepspeed_zero.py builds for ZeRO-3 on `n` ranks from the script's flags (the
+    measured model's), and the sizes of that model's parameters (the script's GPT, built on the CPU)."""
+    import torch
+
+    from workshop.spec import hyperparameters_to_argv, load_module
+
+    zero = load_module(lab.source_dir / "deepspeed_zero.py", "lab4_deepspeed_zero", with_siblings=True)
+    script = lab.load_script()
+    args = script.build_parser().parse_args(hyperparameters_to_argv({**model, "sharding": "zero3"}))
+    sizes = [p.numel() for p in script.GPT(args.layers, args.d_model, args.heads, args.seq_len).parameters()]
+    return zero.zero_config(args, n, torch.float32, max(sizes)), sizes
+
+
+def levers(model: Mapping[str, Any], zero_bytes, checkpointed_bytes) -> dict[str, tuple[float, float]]:
+    """How much the state (`zero_bytes` at stage 0 on one rank, of the planner's parameter count) and the checkpointed
+    activations (`checkpointed_bytes` on one rank) grow when d_model, seq_len or batch size is 4x `model`'s:
+    "<lever> x 4" -> (state's growth, activations' growth), by the learner's two functions."""
+    def state_and_activations(s):
+        params = planner.transformer("", layers=s["layers"], d_model=s["d-model"], heads=s["heads"],
+                                     seq_len=s["seq-len"], vocab=256, tied_embeddings=False).params
+        return zero_bytes(0, 1, params), checkpointed_bytes(s["layers"], s["batch-size"], s["seq-len"], s["d-model"], 1)
+
+    base, growth = state_and_activations(model), {}
+    for key in ("d-model", "seq-len", "batch-size"):
+        state, acts = state_and_activations({**model, key: 4 * model[key]})
+        growth[f"{key} x 4"] = (state / base[0], acts / base[1])
+    return growth
+
+
+def takeaways(ns: Mapping[str, Any]) -> list[str]:
+    """The lab's closing points, each built from this run's numbers and the learner's functions, read from the
+    notebook's namespace (`globals()`) by the names its cells give them; a section that did not run (sagemaker mode
+    leaves the measurements out) adds no point."""
+    zero_bytes, checkpointed_bytes, bubble, growth = (ns[k] for k in ("zero_bytes", "checkpointed_bytes", "bubble",
+                                                                        "growth"))
+    points = [
+        "Each ZeRO stage shards one more kind of state. With fp32 AdamW, one of 8 GPUs holds "
+        + ", ".join(f"{zero_bytes(s, 8, 7e9) / 1e9:.0f}" for s in range(4)) + " GB of a 7B model's state at stages "
+        f"0-3; only stage 3 keeps shrinking as N grows (at 64 GPUs: {zero_bytes(3, 64, 7e9) / 1e9:.2f} GB).",
+        f"Checkpointing keeps one input per block: {checkpointed_bytes(32, 16, 4096, 4096, 16) / 1e9:.1f} GB per GPU "
+        f"for 16 sequences of 4,096 tokens of a 32-layer, d=4,096 model on 16 GPUs. Activations grow with batch x "
+        f"sequence (4x sequence: {growth['seq-len x 4'][1]:.0f}x); the state with d_model squared (4x d_model: "
+        f"{growth['d-model x 4'][0]:.0f}x the state here, {growth['d-model x 4'][1]:.0f}x the activations).",
+    ]
+    if "runs" in ns:  # the grid ran (in local mode it always does)
+        runs, n_max, plain, ckpt = ns["runs"], ns["n_max"], ns["plain"], ns["ckpt"]
+        points.append(f"Measured here: one of {n_max} ranks held {runs['full_shard', n_max][0]['state_bytes']:,} bytes "
+                      f"with full_shard (your formula: {zero_bytes(3, n_max, ns['P']):,.0f}), one rank alone "
+                      f"{runs['no_shard', 1][0]['state_bytes']:,}; checkpointing cut the bytes kept inside the blocks "
+                      f"{plain['saved_act_block_bytes'] / ckpt['saved_act_block_bytes']:.1f}x.")
+    if "comm" in ns:  # the profile ran
+        comm = ns["comm"]
+        points.append(f"Sharding pays in communication: FSDP sent {comm.sent / comm.ddp_sent:.1f}x DDP's bytes per "
+                      f"step here (gloo; {comm.on_nccl.bytes_per_rank / comm.ddp_sent:.1f}x on NCCL) in "
+                      f"{comm.gathers + comm.scatters:g} collectives, and communication took "
+                      f"{ns['profiles']['FSDP'].share('communication'):.0%} of its step.")
+    if "pipe_rows" in ns:  # the pipeline ran
+        rows = ns["pipe_rows"]
+        gpipe, one_f = rows["gpipe", 8], rows["1f1b", 8]
+        points.append(f"A pipeline waits while it fills and drains: GPipe's 2 stages idled {sum(gpipe['idle']) / 2:.0%} "
+                      f"of the step at m = 8 (bubble(2, 8) = {bubble(2, 8):.0%}), "
+                      f"{sum(rows['gpipe', 1]['idle']) / 2:.0%} at m = 1. 1F1B's first stage kept {one_f['held'][0]} "
+                      f"micro-batches' activations ({one_f['saved_bytes'][0] / 1e6:.1f} MB), GPipe's all "
+                      f"{gpipe['held'][0]} ({gpipe['saved_bytes'][0] / 1e6:.1f} MB).")
+    if "act_rows" in ns:  # the activation sweep ran
+        by_seq = ns["activations"].growth(ns["act_rows"], "fp32", "plain", "seq_len")
+        points.append(f"Activations follow 16 s b h numbers per block, as measured here within 2%: doubling the batch "
+                      f"doubled them, doubling the sequence did too with a fused attention kernel and {by_seq:.2f}x "
+                      f"with plain attention (a b s^2 probabilities); bf16 halves them, not the state.")
+    if "tp_runs" in ns:  # tensor parallel ran
+        points.append(f"Tensor parallel sends the activations, not the weights: 2 all-reduces of b x s x h per block "
+                      f"and step ({ns['mlp8']['bytes_per_step'] / 1e6:.1f} MB for one MLP block at b = 8 here), on the "
+                      f"critical path: it stays inside one machine.")
+    if "inside" in ns:  # the peak inside the step ran
+        inside = ns["inside"]
+        points.append(f"Inside the step, shard_grad_op held {inside['gap_blocks']:.1f} blocks of gathered parameters "
+                      f"more than full_shard at its peak ({ns['PEAK_LAYERS']} layers; full_shard holds about one at a "
+                      f"time). bf16 kept {inside['bf16_acts']:.2f} of fp32's activations with the same 16 bytes of "
+                      f"state per parameter.")
+    return points

@@ -20,7 +20,8 @@ Per stage and step it measures
 It also measures the link between the two ranks (a ping-pong of one byte and of one micro-batch's
 hand-off), the one-process compute time, and each schedule's own cost: the same schedule at the same m on a
 model of the same depth too narrow to compute (`--overhead-width`), whose step is the schedule's sends,
-receives and bookkeeping. The planner's pipeline model (workshop.planner) predicts the step time from these. Prints `METRICS` lines; `--out` (rank 0) writes every record as JSON.
+receives and bookkeeping. The planner's pipeline model (workshop.planner) predicts the step time from these.
+Prints `METRICS` lines; `--out` (rank 0) writes every record as JSON.
 Exits non-zero when a schedule's loss or gradients differ from the single process.
 """
 
